@@ -1,0 +1,65 @@
+// The CPU backend: a oneTBB task_arena with a settable thread count, and the xsimd architecture fixed at
+// compile time (the best one the compiler flags allow: AVX-512 when built with -march=native here).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/info.h>
+#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/task_arena.h>
+#include <xsimd/xsimd.hpp>
+
+#include "hymix/backend/concepts.hpp"
+#include "hymix/core/error.hpp"
+
+namespace hymix {
+
+/// CPU execution: oneTBB arena (threads) + xsimd architecture `Arch` (SIMD width).
+/// Thread-safe to share between threads for read-only use; kernels take it by const reference.
+template <class Arch = xsimd::default_arch>
+class basic_cpu_backend {
+public:
+    using arch = Arch;
+    static constexpr const char* name = "cpu";
+
+    /// threads <= 0 means every core the process may use.
+    explicit basic_cpu_backend(int threads = 0)
+        : threads_(threads > 0 ? threads : tbb::info::default_concurrency()),
+          arena_(std::make_unique<tbb::task_arena>(threads_)) {
+        if (threads_ > 4096) throw config_error("cpu_backend: thread count " + std::to_string(threads_) + " is not sensible");
+    }
+
+    int num_threads() const noexcept { return threads_; }
+    /// SIMD lanes of fp32 for this architecture (16 for AVX-512).
+    static constexpr std::size_t simd_width() noexcept { return xsimd::batch<float, Arch>::size; }
+    static const char* arch_name() noexcept { return Arch::name(); }
+
+    /// Calls f(begin, end) on disjoint sub-ranges covering [0, n), each at least `grain` long when possible.
+    /// Runs inline when there is one thread or too little work for two.
+    template <class F>
+    void parallel_for(std::int64_t n, std::int64_t grain, F&& f) const {
+        if (n <= 0) return;
+        grain = std::max<std::int64_t>(grain, 1);
+        if (threads_ == 1 || n <= grain) {
+            f(std::int64_t{0}, n);
+            return;
+        }
+        arena_->execute([&] {
+            tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, grain),
+                              [&](const tbb::blocked_range<std::int64_t>& r) { f(r.begin(), r.end()); });
+        });
+    }
+
+private:
+    int threads_;
+    std::unique_ptr<tbb::task_arena> arena_;  // task_arena::execute is non-const; the arena is an execution resource
+};
+
+using cpu_backend = basic_cpu_backend<>;
+static_assert(cpu_backend_type<cpu_backend>);
+
+}  // namespace hymix

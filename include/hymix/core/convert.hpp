@@ -1,0 +1,77 @@
+// Bulk element conversions bf16/f16 <-> f32 (and generic casts), vectorised with xsimd.
+// Used when loading bf16/f16 checkpoints and when writing reduced-precision tensors.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include <xsimd/xsimd.hpp>
+
+#include "hymix/core/dtype.hpp"
+
+namespace hymix {
+
+/// bf16 -> f32, n elements. Exact (bf16 is a truncated f32).
+inline void convert(const bf16* src, float* dst, std::size_t n) noexcept {
+    using u32 = xsimd::batch<std::uint32_t>;
+    constexpr std::size_t W = u32::size;
+    const auto* s = reinterpret_cast<const std::uint16_t*>(src);
+    std::size_t i = 0;
+    for (; i + W <= n; i += W) {
+        const u32 v = u32::load_unaligned(s + i) << 16;  // widening load, then move to the high half
+        xsimd::bitwise_cast<xsimd::batch<float>>(v).store_unaligned(dst + i);
+    }
+    for (; i < n; ++i) dst[i] = src[i].to_float();
+}
+
+/// f32 -> bf16, n elements, round to nearest even; NaN stays NaN.
+inline void convert(const float* src, bf16* dst, std::size_t n) noexcept {
+    using u32 = xsimd::batch<std::uint32_t>;
+    using f32 = xsimd::batch<float>;
+    constexpr std::size_t W = u32::size;
+    auto* d = reinterpret_cast<std::uint16_t*>(dst);
+    std::size_t i = 0;
+    for (; i + W <= n; i += W) {
+        const f32 f = f32::load_unaligned(src + i);
+        const u32 u = xsimd::bitwise_cast<u32>(f);
+        u32 r = (u + u32(0x7fffu) + ((u >> 16) & u32(1u))) >> 16;
+        const auto is_nan = (u & u32(0x7fffffffu)) > u32(0x7f800000u);
+        r = xsimd::select(is_nan, (u >> 16) | u32(0x40u), r);
+        alignas(64) std::uint32_t tmp[W];
+        r.store_aligned(tmp);
+        for (std::size_t j = 0; j < W; ++j) d[i + j] = static_cast<std::uint16_t>(tmp[j]);
+    }
+    for (; i < n; ++i) dst[i] = bf16::from_float(src[i]);
+}
+
+/// f16 -> f32, n elements. Exact.
+inline void convert(const f16* src, float* dst, std::size_t n) noexcept {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = src[i].to_float();
+}
+
+/// f32 -> f16, n elements, round to nearest even.
+inline void convert(const float* src, f16* dst, std::size_t n) noexcept {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = f16::from_float(src[i]);
+}
+
+/// Generic arithmetic conversion (f64, i32, i64 <-> f32, identity).
+template <class S, class D>
+    requires(std::is_arithmetic_v<S> && std::is_arithmetic_v<D>)
+inline void convert(const S* src, D* dst, std::size_t n) noexcept {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<D>(src[i]);
+}
+
+/// Convert n elements of run-time dtype `t` at `src` to f32.
+inline void convert_to_f32(dtype t, const void* src, float* dst, std::size_t n) {
+    switch (t) {
+        case dtype::f32: convert(static_cast<const float*>(src), dst, n); return;
+        case dtype::f64: convert(static_cast<const double*>(src), dst, n); return;
+        case dtype::bf16: convert(static_cast<const bf16*>(src), dst, n); return;
+        case dtype::f16: convert(static_cast<const f16*>(src), dst, n); return;
+        case dtype::i32: convert(static_cast<const std::int32_t*>(src), dst, n); return;
+        case dtype::i64: convert(static_cast<const std::int64_t*>(src), dst, n); return;
+    }
+}
+
+}  // namespace hymix

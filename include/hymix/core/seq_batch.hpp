@@ -1,0 +1,109 @@
+// Which rows of a token matrix belong to which sequence, and which state slot each sequence uses.
+// One description covers dense [B, T] batches, right-padded rows with per-row lengths, packed variable-length
+// batches (FlashAttention's `cu_seqlens`) and decode steps (one token per sequence), see spec.md §0.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "hymix/core/error.hpp"
+
+namespace hymix {
+
+/// Token rows [starts[i], starts[i] + lengths[i]) of the activation matrix x [n_rows, ·] form sequence i,
+/// whose recurrent state / KV cache lives in state slot slots[i] (-1: an invalid entry — its outputs are zero
+/// and no state is touched). Rows that belong to no sequence (padding) produce zero outputs.
+struct seq_batch {
+    std::vector<std::int64_t> starts;   // [n_seq]
+    std::vector<std::int64_t> lengths;  // [n_seq]
+    std::vector<std::int64_t> slots;    // [n_seq]
+    std::int64_t n_rows = 0;            // rows of the token matrix
+
+    std::int64_t n_seq() const noexcept { return static_cast<std::int64_t>(starts.size()); }
+    std::int64_t max_length() const noexcept {
+        return lengths.empty() ? 0 : *std::max_element(lengths.begin(), lengths.end());
+    }
+    std::int64_t total_tokens() const noexcept {
+        std::int64_t s = 0;
+        for (auto l : lengths) s += l;
+        return s;
+    }
+    /// True when every sequence contributes exactly one token (a decode step).
+    bool is_decode() const noexcept {
+        return std::all_of(lengths.begin(), lengths.end(), [](auto l) { return l == 1; });
+    }
+
+    /// B sequences of T tokens each, x viewed as [B*T, ·]; sequence b uses slot b.
+    static seq_batch dense(std::int64_t B, std::int64_t T) {
+        seq_batch s;
+        for (std::int64_t b = 0; b < B; ++b) s.add(b * T, T, b);
+        s.n_rows = B * T;
+        return s;
+    }
+    /// B rows right-padded to T tokens, row b holding lengths[b] real tokens; slot b.
+    static seq_batch padded(std::int64_t T, std::span<const std::int64_t> lengths) {
+        seq_batch s;
+        for (std::size_t b = 0; b < lengths.size(); ++b) s.add(static_cast<std::int64_t>(b) * T, lengths[b], static_cast<std::int64_t>(b));
+        s.n_rows = T * static_cast<std::int64_t>(lengths.size());
+        s.validate();
+        return s;
+    }
+    /// Packed sequences: cu_seqlens has n_seq + 1 non-decreasing entries starting at 0. Slots default to 0..n_seq-1.
+    static seq_batch packed(std::span<const std::int64_t> cu_seqlens, std::span<const std::int64_t> slots = {}) {
+        if (cu_seqlens.empty() || cu_seqlens[0] != 0)
+            throw shape_error("cu_seqlens must start with 0 and hold n_seq + 1 entries");
+        seq_batch s;
+        const std::size_t n = cu_seqlens.size() - 1;
+        if (!slots.empty() && slots.size() != n)
+            throw shape_error("packed batch: " + std::to_string(n) + " sequences but " + std::to_string(slots.size()) + " slots");
+        for (std::size_t i = 0; i < n; ++i) {
+            if (cu_seqlens[i + 1] < cu_seqlens[i]) throw shape_error("cu_seqlens must be non-decreasing");
+            s.add(cu_seqlens[i], cu_seqlens[i + 1] - cu_seqlens[i], slots.empty() ? static_cast<std::int64_t>(i) : slots[i]);
+        }
+        s.n_rows = cu_seqlens[n];
+        return s;
+    }
+    /// Decode step: one token per listed slot, row i for slots[i].
+    static seq_batch decode(std::span<const std::int64_t> slots) {
+        seq_batch s;
+        for (std::size_t i = 0; i < slots.size(); ++i) s.add(static_cast<std::int64_t>(i), 1, slots[i]);
+        s.n_rows = static_cast<std::int64_t>(slots.size());
+        return s;
+    }
+
+    void add(std::int64_t start, std::int64_t length, std::int64_t slot) {
+        starts.push_back(start);
+        lengths.push_back(length);
+        slots.push_back(slot);
+    }
+
+    /// Checks ranges lie inside [0, n_rows), do not overlap, and valid slots are < n_slots (when given) and distinct.
+    void validate(std::int64_t n_slots = -1) const {
+        if (starts.size() != lengths.size() || starts.size() != slots.size())
+            throw shape_error("seq_batch: starts, lengths and slots differ in size");
+        std::vector<std::pair<std::int64_t, std::int64_t>> r;
+        for (std::size_t i = 0; i < starts.size(); ++i) {
+            if (lengths[i] < 0 || starts[i] < 0 || starts[i] + lengths[i] > n_rows)
+                throw shape_error("seq_batch: sequence " + std::to_string(i) + " rows [" + std::to_string(starts[i]) + ", " +
+                                  std::to_string(starts[i] + lengths[i]) + ") outside [0, " + std::to_string(n_rows) + ")");
+            if (n_slots >= 0 && slots[i] >= n_slots)
+                throw shape_error("seq_batch: sequence " + std::to_string(i) + " uses state slot " + std::to_string(slots[i]) +
+                                  " but the state has " + std::to_string(n_slots) + " slots");
+            if (lengths[i] > 0) r.emplace_back(starts[i], starts[i] + lengths[i]);
+        }
+        std::sort(r.begin(), r.end());
+        for (std::size_t i = 1; i < r.size(); ++i)
+            if (r[i].first < r[i - 1].second) throw shape_error("seq_batch: sequences overlap in the token matrix");
+        std::vector<std::int64_t> used;
+        for (auto s : slots)
+            if (s >= 0) used.push_back(s);
+        std::sort(used.begin(), used.end());
+        if (std::adjacent_find(used.begin(), used.end()) != used.end())
+            throw shape_error("seq_batch: two sequences of one call use the same state slot");
+    }
+};
+
+}  // namespace hymix

@@ -1,0 +1,94 @@
+// RMSNorm flavours of spec.md §1: plain (w ⊙ x / rms), zero-centred ((1 + w) ⊙ x / rms, Qwen3-Next/3.5),
+// and the gated norm (Mamba-2 gate-then-norm per group; GDN/Oryx norm-then-gate per head). Statistics in fp32
+// (fp64 in the references). rms(x) = sqrt(mean(x²) + eps).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "hymix/core/error.hpp"
+#include "hymix/core/math.hpp"
+#include "hymix/core/tensor.hpp"
+
+namespace hymix::kernels {
+
+enum class rms_flavor { plain, zero_centered };
+enum class gate_order { gate_then_norm, norm_then_gate };
+
+/// y[M, d] = norm(x[M, d]) with weight w[d]. y may alias x. Works for float and double (reference).
+template <class T>
+void rms_norm(tensor_view<const T, 2> x, const T* w, T eps, rms_flavor flavor, tensor_view<T, 2> y) {
+    const std::int64_t M = x.dim(0), d = x.dim(1);
+    y.require_shape({M, d}, "rms_norm: output");
+    using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    for (std::int64_t m = 0; m < M; ++m) {
+        const T* xm = &x(m, 0);
+        T* ym = &y(m, 0);
+        Acc ss = 0;
+        for (std::int64_t i = 0; i < d; ++i) ss += static_cast<Acc>(xm[i]) * static_cast<Acc>(xm[i]);
+        const Acc r = Acc(1) / std::sqrt(ss / static_cast<Acc>(d) + static_cast<Acc>(eps));
+        if (flavor == rms_flavor::plain)
+            for (std::int64_t i = 0; i < d; ++i) ym[i] = static_cast<T>(w[i] * (xm[i] * r));
+        else
+            for (std::int64_t i = 0; i < d; ++i) ym[i] = static_cast<T>((Acc(1) + w[i]) * (xm[i] * r));
+    }
+}
+
+/// Gated RMSNorm over groups of `group_size` contiguous channels of y[M, D] with gate z[M, D]:
+///   gate_then_norm: out = w ⊙ normalize_g(y ⊙ silu(z))         (Mamba-2, spec.md §3.2 step 6)
+///   norm_then_gate: out = (w ⊙ normalize_g(y)) ⊙ silu(z)        (GDN / Qwen3.5 / Oryx, per head)
+/// `w` has D entries (per channel) or group_size entries (shared by all groups); `w_len` says which.
+/// out may alias y.
+template <class T>
+void gated_rms_norm(tensor_view<const T, 2> y, tensor_view<const T, 2> z, const T* w, std::int64_t w_len,
+                    std::int64_t group_size, gate_order order, T eps, tensor_view<T, 2> out) {
+    const std::int64_t M = y.dim(0), D = y.dim(1);
+    z.require_shape({M, D}, "gated_rms_norm: gate");
+    out.require_shape({M, D}, "gated_rms_norm: output");
+    if (group_size <= 0 || D % group_size != 0)
+        throw shape_error("gated_rms_norm: group size " + std::to_string(group_size) + " does not divide width " + std::to_string(D));
+    if (w_len != D && w_len != group_size)
+        throw shape_error("gated_rms_norm: weight has " + std::to_string(w_len) + " entries, expected " + std::to_string(D) +
+                          " or " + std::to_string(group_size));
+    using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    for (std::int64_t m = 0; m < M; ++m) {
+        const T* ym = &y(m, 0);
+        const T* zm = &z(m, 0);
+        T* om = &out(m, 0);
+        for (std::int64_t g0 = 0; g0 < D; g0 += group_size) {
+            const T* wg = w_len == D ? w + g0 : w;
+            Acc ss = 0;
+            if (order == gate_order::gate_then_norm) {
+                for (std::int64_t i = 0; i < group_size; ++i) {
+                    const Acc u = static_cast<Acc>(ym[g0 + i]) * silu(static_cast<Acc>(zm[g0 + i]));
+                    ss += u * u;
+                }
+                const Acc r = Acc(1) / std::sqrt(ss / static_cast<Acc>(group_size) + static_cast<Acc>(eps));
+                for (std::int64_t i = 0; i < group_size; ++i) {
+                    const Acc u = static_cast<Acc>(ym[g0 + i]) * silu(static_cast<Acc>(zm[g0 + i]));
+                    om[g0 + i] = static_cast<T>(wg[i] * (u * r));
+                }
+            } else {
+                for (std::int64_t i = 0; i < group_size; ++i) ss += static_cast<Acc>(ym[g0 + i]) * static_cast<Acc>(ym[g0 + i]);
+                const Acc r = Acc(1) / std::sqrt(ss / static_cast<Acc>(group_size) + static_cast<Acc>(eps));
+                for (std::int64_t i = 0; i < group_size; ++i)
+                    om[g0 + i] = static_cast<T>(wg[i] * (ym[g0 + i] * r) * silu(static_cast<Acc>(zm[g0 + i])));
+            }
+        }
+    }
+}
+
+/// In-place L2 normalisation of each row of x[M, d]: x / sqrt(Σx² + eps) (GDN q/k, spec.md §1).
+template <class T>
+void l2_norm_rows(tensor_view<T, 2> x, T eps) {
+    using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    for (std::int64_t m = 0; m < x.dim(0); ++m) {
+        T* xm = &x(m, 0);
+        Acc ss = 0;
+        for (std::int64_t i = 0; i < x.dim(1); ++i) ss += static_cast<Acc>(xm[i]) * static_cast<Acc>(xm[i]);
+        const Acc r = Acc(1) / std::sqrt(ss + static_cast<Acc>(eps));
+        for (std::int64_t i = 0; i < x.dim(1); ++i) xm[i] = static_cast<T>(xm[i] * r);
+    }
+}
+
+}  // namespace hymix::kernels

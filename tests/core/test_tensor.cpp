@@ -1,0 +1,113 @@
+// Tensor views, owning tensors, Eigen interop, dtype conversions and the error hierarchy.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "hymix/core/convert.hpp"
+#include "hymix/core/tensor.hpp"
+#include "support/random.hpp"
+
+using namespace hymix;
+
+TEST_CASE("owning tensor is zeroed, 64-byte aligned and viewable") {
+    tensor<float> t({3, 5, 7});
+    CHECK(t.numel() == 105);
+    CHECK(reinterpret_cast<std::uintptr_t>(t.data()) % 64 == 0);
+    for (float v : t.span()) CHECK(v == 0.0f);
+    auto v = t.view<3>();
+    v(2, 4, 6) = 1.5f;
+    CHECK(t[104] == 1.5f);
+    CHECK(v[2](4, 6) == 1.5f);
+    CHECK(v.is_contiguous());
+    CHECK_THROWS_AS(t.view<2>(), shape_error);
+}
+
+TEST_CASE("copy and reshape keep contents; bad reshape names both shapes") {
+    tensor<float> a({2, 3});
+    for (int i = 0; i < 6; ++i) a[i] = float(i);
+    tensor<float> b = a;
+    b.reshape({3, 2});
+    CHECK(b.view<2>()(2, 1) == 5.0f);
+    try {
+        b.reshape({4, 2});
+        FAIL("expected shape_error");
+    } catch (const shape_error& e) {
+        CHECK(std::string(e.what()).find("[3, 2]") != std::string::npos);
+        CHECK(std::string(e.what()).find("[4, 2]") != std::string::npos);
+    }
+}
+
+TEST_CASE("require_shape reports expected and found") {
+    tensor<float> t({4, 8});
+    auto v = t.view<2>();
+    CHECK_NOTHROW(v.require_shape({4, -1}, "x"));
+    try {
+        v.require_shape({4, 9}, "in_proj.weight");
+        FAIL("expected shape_error");
+    } catch (const error& e) {
+        const std::string m = e.what();
+        CHECK(m.find("in_proj.weight") != std::string::npos);
+        CHECK(m.find("[4, 9]") != std::string::npos);
+        CHECK(m.find("[4, 8]") != std::string::npos);
+    }
+}
+
+TEST_CASE("strided views map onto Eigen without copying") {
+    tensor<float> t({4, 6});
+    for (int i = 0; i < 24; ++i) t[i] = float(i);
+    auto v = t.view<2>();
+    tensor_view<float, 2> cols(v.data + 2, {4, 3}, {6, 1});  // columns 2..4
+    auto m = cols.matrix();
+    CHECK(m(3, 2) == t[3 * 6 + 4]);
+    m(0, 0) = -1;
+    CHECK(t[2] == -1);
+    tensor_view<const float, 2> cv = cols;
+    CHECK(cv.matrix()(1, 1) == t[6 + 3]);
+}
+
+TEST_CASE("bf16 conversion: round to nearest even, NaN, Inf, vectorised == scalar") {
+    CHECK(bf16::from_float(1.0f).bits == 0x3f80);
+    CHECK(bf16::from_float(1.00390625f).bits == 0x3f80);  // exact tie -> even
+    CHECK(bf16::from_float(1.01171875f).bits == 0x3f82);  // tie -> even (up)
+    CHECK(std::isnan(bf16::from_float(std::numeric_limits<float>::quiet_NaN()).to_float()));
+    CHECK(std::isinf(bf16::from_float(std::numeric_limits<float>::infinity()).to_float()));
+    auto x = test::uniform(1003, -1e4f, 1e4f, 7);
+    x[5] = std::numeric_limits<float>::quiet_NaN();
+    x[17] = -std::numeric_limits<float>::infinity();
+    std::vector<bf16> v(x.size());
+    convert(x.data(), v.data(), x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) {
+        if (std::isnan(x[i])) {
+            CHECK(std::isnan(v[i].to_float()));
+            continue;
+        }
+        CHECK(v[i].bits == bf16::from_float(x[i]).bits);
+    }
+    std::vector<float> back(x.size());
+    convert(v.data(), back.data(), v.size());
+    for (std::size_t i = 0; i < x.size(); ++i)
+        if (!std::isnan(x[i]) && !std::isinf(x[i])) CHECK(std::abs(back[i] - x[i]) <= std::abs(x[i]) * (1.0f / 256));
+}
+
+TEST_CASE("f16 conversion: normals, subnormals, overflow, round trip of every f16") {
+    CHECK(f16::from_float(1.0f).bits == 0x3c00);
+    CHECK(f16::from_float(65504.0f).bits == 0x7bff);
+    CHECK(f16::from_float(1e6f).bits == 0x7c00);
+    CHECK(f16::from_float(-2.0f).bits == 0xc000);
+    CHECK(f16::from_float(5.9604644775390625e-8f).bits == 0x0001);  // smallest subnormal
+    for (std::uint32_t b = 0; b < 0x10000; ++b) {
+        const f16 h = f16::from_bits(static_cast<std::uint16_t>(b));
+        const float f = h.to_float();
+        if (std::isnan(f)) continue;
+        CHECK(f16::from_float(f).bits == h.bits);
+    }
+}
+
+TEST_CASE("dtype names round-trip and unknown names are rejected") {
+    for (dtype t : {dtype::f32, dtype::f64, dtype::bf16, dtype::f16, dtype::i32, dtype::i64})
+        CHECK(parse_dtype(dtype_name(t)) == t);
+    CHECK_THROWS_AS(parse_dtype("F8_E4M3"), dtype_error);
+    CHECK(dtype_size(dtype::bf16) == 2);
+    CHECK(dtype_of_v<const float> == dtype::f32);
+}

@@ -143,12 +143,18 @@ public:
     tensor(std::initializer_list<std::int64_t> shape) : tensor(std::vector<std::int64_t>(shape)) {}
 
     tensor(const tensor& o) : shape_(o.shape_) {
+        if (!o.buf_) return;  // a default-constructed (unallocated) tensor copies as one
         allocate();
         std::copy(o.data(), o.data() + o.numel(), data());
     }
     tensor& operator=(const tensor& o) {
         if (this != &o) {
-            if (o.numel() != numel()) {
+            if (!o.buf_) {  // copying an unallocated tensor
+                shape_ = o.shape_;
+                buf_.reset();
+                return *this;
+            }
+            if (!buf_ || o.numel() != numel()) {
                 shape_ = o.shape_;
                 allocate();
             }

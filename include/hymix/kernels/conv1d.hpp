@@ -6,7 +6,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
+
+#include <xsimd/xsimd.hpp>
 
 #include "hymix/core/error.hpp"
 #include "hymix/core/math.hpp"
@@ -43,8 +46,18 @@ void causal_conv1d(tensor_view<const T, 2> x, tensor_view<const T, 2> w, const T
             const T* wj = wt.data() + j * C;
             for (std::int64_t c = 0; c < C; ++c) o[c] += wj[c] * in[c];
         }
-        if (act == conv_activation::silu)
-            for (std::int64_t c = 0; c < C; ++c) o[c] = silu(o[c]);
+        if (act == conv_activation::silu) {
+            std::int64_t c = 0;
+            if constexpr (std::is_same_v<T, float>) {  // vectorised SiLU (default xsimd architecture)
+                using Bf = xsimd::batch<float>;
+                constexpr std::int64_t W = static_cast<std::int64_t>(Bf::size);
+                for (; c + W <= C; c += W) {
+                    const Bf v = Bf::load_unaligned(o + c);
+                    (v / (Bf(1.0f) + xsimd::exp(-v))).store_unaligned(o + c);
+                }
+            }
+            for (; c < C; ++c) o[c] = silu(o[c]);
+        }
     }
     if (state)
         for (std::int64_t c = 0; c < C; ++c)

@@ -52,8 +52,8 @@ void linear_small_m(tensor_view<const float, 2> x, tensor_view<const float, 2> w
                 a2 = xsimd::fma(xv, B::load_unaligned(w2 + k), a2);
                 a3 = xsimd::fma(xv, B::load_unaligned(w3 + k), a3);
             }
-            float s0 = xsimd::reduce_add(a0), s1 = xsimd::reduce_add(a1), s2 = xsimd::reduce_add(a2),
-                  s3 = xsimd::reduce_add(a3);
+            float s0 = xsimd::hadd(a0), s1 = xsimd::hadd(a1), s2 = xsimd::hadd(a2),
+                  s3 = xsimd::hadd(a3);
             for (std::int64_t k = Kv; k < K; ++k) {
                 s0 += xm[k] * w0[k];
                 s1 += xm[k] * w1[k];
@@ -73,7 +73,7 @@ void linear_small_m(tensor_view<const float, 2> x, tensor_view<const float, 2> w
             const float* xm = &x(m, 0);
             B a(0.f);
             for (std::int64_t k = 0; k < Kv; k += W) a = xsimd::fma(B::load_unaligned(xm + k), B::load_unaligned(wn + k), a);
-            float s = xsimd::reduce_add(a);
+            float s = xsimd::hadd(a);
             for (std::int64_t k = Kv; k < K; ++k) s += xm[k] * wn[k];
             y(m, n) = s + (bias ? bias[n] : 0.f);
         }

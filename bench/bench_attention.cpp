@@ -1,0 +1,128 @@
+// Causal attention layer throughput (spec.md §2): tiled prefill (projections, qk-norm, RoPE, flash-style attention,
+// gate, o_proj) and decode steps over a long KV cache, for the shared checkpoints' layer (d 256, 4/2 heads × 64,
+// output gate, zero-centred qk-norm, partial RoPE 0.25) and a 130M-class layer (d 768, 12 heads × 64, MHA, no gate).
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "hymix/backend/cpu.hpp"
+#include "hymix/mixer/attention.hpp"
+#include "peak.hpp"
+
+namespace {
+
+hymix::attention_config layer_config(int which) {
+    hymix::attention_config c;
+    if (which == 0) {  // shared checkpoints' layer (Qwen3.5 hybrid)
+        c.d_model = 256;
+        c.n_heads = 4;
+        c.n_kv_heads = 2;
+        c.head_dim = 64;
+        c.output_gate = true;
+        c.qk_norm.mode = hymix::qk_norm_mode::zero_centered;
+        c.rope = {hymix::rope_mode::rotate_half, 1e7, 0.25};
+    } else {  // 130M-class layer
+        c.d_model = 768;
+        c.n_heads = c.n_kv_heads = 12;
+        c.head_dim = 64;
+    }
+    return c;
+}
+
+/// Projection FLOPs per token: q (with gate), k, v, o.
+double proj_flops(const hymix::attention_config& c) {
+    return 2.0 * static_cast<double>(c.d_model) * static_cast<double>(c.q_rows() + 2 * c.kv_rows() + c.n_heads * c.head_dim);
+}
+double weight_bytes(const hymix::attention_config& c) {
+    return 4.0 * static_cast<double>(c.d_model) * static_cast<double>(c.q_rows() + 2 * c.kv_rows() + c.n_heads * c.head_dim);
+}
+
+std::vector<float> random_vec(std::size_t n, std::uint64_t seed) {
+    std::mt19937_64 g(seed);
+    std::uniform_real_distribution<float> d(-1.f, 1.f);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(g);
+    return v;
+}
+
+// Args: layer (0 = d 256, 1 = d 768), batch B, tokens per sequence T. Each iteration prefills fresh sequences.
+void BM_attn_prefill(benchmark::State& st) {
+    const auto c = layer_config(static_cast<int>(st.range(0)));
+    const std::int64_t B = st.range(1), T = st.range(2);
+    hymix::cpu_backend be;
+    const hymix::attention m(c, hymix::attention_weights::random(c, 1));
+    auto state = m.make_state(B);
+    state.reserve(T);
+    const auto x = random_vec(static_cast<std::size_t>(B * T * c.d_model), 2);
+    std::vector<float> y(x.size());
+    const auto batch = hymix::seq_batch::dense(B, T);
+    const hymix::tensor_view<const float, 2> xv(x.data(), {B * T, c.d_model});
+    const hymix::tensor_view<float, 2> yv(y.data(), {B * T, c.d_model});
+    for (auto _ : st) {
+        for (std::int64_t b = 0; b < B; ++b) state.reset_slot(b);
+        m.forward(be, state, batch, xv, yv);
+        benchmark::DoNotOptimize(y.data());
+    }
+    const double tokens = static_cast<double>(B * T), Td = static_cast<double>(T);
+    // Causal attention: QKᵀ and PV over the visible half (T(T+1)/2 scores per head), 2 FLOPs per multiply-add.
+    const double attn = static_cast<double>(B * c.n_heads) * 4.0 * static_cast<double>(c.head_dim) * Td * (Td + 1) / 2;
+    const double bytes = weight_bytes(c) + 2.0 * 4.0 * tokens * static_cast<double>(c.d_model) +
+                         2.0 * 4.0 * tokens * static_cast<double>(c.kv_rows());
+    hymix::bench::report(st, tokens, tokens * proj_flops(c) + attn, bytes, be.num_threads());
+}
+
+// Args: layer, batch B, context (cached tokens per sequence). One decode step for B sequences.
+void BM_attn_decode(benchmark::State& st) {
+    const auto c = layer_config(static_cast<int>(st.range(0)));
+    const std::int64_t B = st.range(1), ctx = st.range(2);
+    hymix::cpu_backend be;
+    const hymix::attention m(c, hymix::attention_weights::random(c, 1));
+    auto state = m.make_state(B);
+    state.reserve(ctx + 1);
+    // Fill the caches directly with finite values (prefilling 32K tokens would dominate the run).
+    std::uint32_t r = 12345;
+    for (std::int64_t b = 0; b < B; ++b) {
+        auto k = state.keys(b), v = state.values(b);  // [H_kv, capacity, d_h]
+        for (std::int64_t i = 0; i < k.numel(); ++i) {
+            r = r * 1664525u + 1013904223u;
+            k.data[i] = static_cast<float>(r >> 8) * (1.f / 16777216.f) - 0.5f;
+            v.data[i] = static_cast<float>(r & 0xffffu) * (1.f / 65536.f) - 0.5f;
+        }
+        state.set_length(b, ctx);
+    }
+    const auto x = random_vec(static_cast<std::size_t>(B * c.d_model), 2);
+    std::vector<float> y(x.size());
+    std::vector<std::int64_t> slots(static_cast<std::size_t>(B));
+    for (std::int64_t b = 0; b < B; ++b) slots[static_cast<std::size_t>(b)] = b;
+    const auto batch = hymix::seq_batch::decode(slots);
+    const hymix::tensor_view<const float, 2> xv(x.data(), {B, c.d_model});
+    const hymix::tensor_view<float, 2> yv(y.data(), {B, c.d_model});
+    for (auto _ : st) {
+        m.step(be, state, batch, xv, yv);
+        benchmark::DoNotOptimize(y.data());
+        st.PauseTiming();
+        for (std::int64_t b = 0; b < B; ++b) state.set_length(b, ctx);
+        st.ResumeTiming();
+    }
+    const double Bd = static_cast<double>(B), keys = static_cast<double>(ctx + 1);
+    const double kv_bytes = Bd * 2.0 * 4.0 * keys * static_cast<double>(c.kv_rows());
+    const double attn = Bd * 4.0 * static_cast<double>(c.n_heads * c.head_dim) * keys;
+    st.counters["kv_GB/s"] = benchmark::Counter(kv_bytes * static_cast<double>(st.iterations()) * 1e-9, benchmark::Counter::kIsRate);
+    hymix::bench::report(st, Bd, Bd * proj_flops(c) + attn, weight_bytes(c) + kv_bytes, be.num_threads());
+}
+
+}  // namespace
+
+BENCHMARK(BM_attn_prefill)
+    ->ArgNames({"layer", "B", "T"})
+    ->Args({0, 1, 512})->Args({0, 1, 2048})->Args({0, 8, 512})->Args({0, 8, 2048})
+    ->Args({1, 1, 512})->Args({1, 1, 2048})->Args({1, 8, 512})->Args({1, 8, 2048})
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_attn_decode)
+    ->ArgNames({"layer", "B", "ctx"})
+    ->Args({0, 1, 4096})->Args({0, 8, 4096})
+    ->Args({1, 1, 1024})->Args({1, 1, 4096})->Args({1, 1, 16384})->Args({1, 1, 32768})->Args({1, 1, 65536})
+    ->Args({1, 8, 4096})
+    ->Unit(benchmark::kMicrosecond)->UseRealTime();

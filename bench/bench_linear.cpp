@@ -1,0 +1,122 @@
+// kernels::linear (y[M, N] = x[M, K] · W[N, K]ᵀ) against one plain Eigen product, for decode (M = 1, 8) and
+// prefill (M = 512, 2048) at N = K = 768 and 2048, on 1 and 2 threads. Weights rotate through a 1 GiB pool so
+// every call reads them from DRAM, as in a model whose layers do not fit in cache. Report: GFLOP/s and the
+// fraction of the FMA peak; for M ≤ 8, GB/s of weights and the fraction of the DRAM read peak (bench/peak.hpp).
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "hymix/backend/cpu.hpp"
+#include "hymix/core/tensor.hpp"
+#include "hymix/kernels/linear.hpp"
+#include "peak.hpp"
+
+#ifdef HYMIX_BENCH_EIGEN_OPENMP
+#include <omp.h>
+#endif
+
+namespace {
+
+/// 1 GiB of weights (finite, non-denormal values); weight matrices are taken from it in turn.
+const hymix::tensor<float>& weight_pool() {
+    static const hymix::tensor<float> pool = [] {
+        hymix::tensor<float> t{std::int64_t{1} << 28};
+        std::uint32_t s = 12345;
+        for (std::int64_t i = 0; i < t.numel(); ++i) {
+            s = s * 1664525u + 1013904223u;
+            t[i] = static_cast<float>(s >> 8) * (1.f / 16777216.f) - 0.5f;
+        }
+        return t;
+    }();
+    return pool;
+}
+
+/// Cycles through disjoint [N, K] weight matrices of the pool (64-byte aligned starts).
+struct weight_rotation {
+    std::int64_t N, K, stride, count, next = 0;
+    weight_rotation(std::int64_t n, std::int64_t k)
+        : N(n), K(k), stride((n * k + 15) / 16 * 16), count(weight_pool().numel() / stride) {}
+    hymix::tensor_view<const float, 2> take() {  // [N, K]
+        const float* p = weight_pool().data() + (next++ % count) * stride;
+        return hymix::tensor_view<const float, 2>(p, {N, K});
+    }
+};
+
+struct problem {
+    std::int64_t M, N, K;
+    int threads;
+    hymix::tensor<float> x, bias, y;  // [M, K], [N], [M, N]
+    weight_rotation weights;
+    explicit problem(const benchmark::State& st)
+        : M(st.range(0)), N(st.range(1)), K(st.range(1)), threads(static_cast<int>(st.range(2))), x{M, K}, bias{N},
+          y{M, N}, weights(N, K) {
+        for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = static_cast<float>(i % 17) * 0.01f - 0.08f;
+        for (std::int64_t i = 0; i < N; ++i) bias[i] = static_cast<float>(i % 5) * 0.1f;
+    }
+    void report(benchmark::State& st, const std::string& impl) const {
+        const double flops = 2.0 * static_cast<double>(M * N * K);
+        const double weight_bytes = 4.0 * static_cast<double>(N * K);
+        const double bytes = weight_bytes + 4.0 * static_cast<double>(M * K + M * N);
+        hymix::bench::report(st, static_cast<double>(M), flops, M <= 8 ? weight_bytes : bytes, threads);
+        st.SetLabel(impl + (M <= 8 ? ": bound by weight bytes (see GB/s, bw_peak_frac)"
+                                   : ": bound by FMAs (see GFLOP/s, flop_peak_frac)"));
+    }
+};
+
+void set_eigen_threads([[maybe_unused]] int n) {
+#ifdef HYMIX_BENCH_EIGEN_OPENMP
+    Eigen::setNbThreads(n);
+#endif
+}
+
+void BM_linear_hymix(benchmark::State& st) {
+    problem p(st);
+    set_eigen_threads(1);  // hymix threads with the backend; Eigen runs inside its tasks, single-threaded
+    const hymix::cpu_backend be(p.threads);
+    for (auto _ : st) {
+        hymix::kernels::linear(be, p.x.view<2>(), p.weights.take(), p.bias.data(), p.y.view<2>());
+        benchmark::DoNotOptimize(p.y.data());
+        benchmark::ClobberMemory();
+    }
+    p.report(st, "hymix");
+}
+
+void BM_linear_eigen(benchmark::State& st) {
+    problem p(st);
+#ifndef HYMIX_BENCH_EIGEN_OPENMP
+    if (p.threads > 1) {
+        st.SkipWithError("Eigen is single-threaded without OpenMP");
+        return;
+    }
+#endif
+    set_eigen_threads(p.threads);
+    const auto X = p.x.view<2>().matrix();
+    const auto b = Eigen::Map<const Eigen::RowVectorXf>(p.bias.data(), p.N);
+    auto Y = p.y.view<2>().matrix();
+    for (auto _ : st) {
+        const auto W = p.weights.take().matrix();
+        Y.noalias() = X * W.transpose();
+        Y.rowwise() += b;
+        benchmark::DoNotOptimize(p.y.data());
+        benchmark::ClobberMemory();
+    }
+    set_eigen_threads(1);
+    p.report(st, "Eigen");
+}
+
+void shapes(benchmark::internal::Benchmark* b) {
+    b->ArgNames({"M", "NK", "threads"});
+    for (std::int64_t nk : {768, 2048})
+        for (std::int64_t m : {1, 8, 512, 2048})
+            for (std::int64_t t : {1, 2}) b->Args({m, nk, t});
+    b->UseRealTime()->Unit(benchmark::kMicrosecond);
+}
+
+}  // namespace
+
+BENCHMARK(BM_linear_hymix)->Apply(shapes);
+BENCHMARK(BM_linear_eigen)->Apply(shapes);

@@ -1,0 +1,141 @@
+// Whole-model throughput on the shared checkpoints (../shared/models): prefill and decode tokens/s at batch 1 and 8,
+// and decode cost per token against context length (flat for recurrent stacks, growing linearly with the
+// attention layers' KV cache for the hybrid). FLOPs count 2 per weight per token (projections only) plus, for
+// attention layers, 4·H·d_h per cached token; bytes count the fp32 weights read once per call.
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "hymix/models/auto_model.hpp"
+#include "peak.hpp"
+
+namespace {
+
+std::filesystem::path shared_dir() {
+    if (const char* env = std::getenv("HYMIX_SHARED")) return env;
+    return std::filesystem::path(__FILE__).parent_path() / ".." / ".." / "shared";  // <repo>/../shared
+}
+
+/// Loaded once per process; null when the checkpoint is absent.
+const hymix::auto_model* get_model(const std::string& name) {
+    static std::map<std::string, std::unique_ptr<hymix::auto_model>> cache;
+    auto it = cache.find(name);
+    if (it != cache.end()) return it->second.get();
+    const auto dir = shared_dir() / "models" / name;
+    std::unique_ptr<hymix::auto_model> m;
+    if (std::filesystem::exists(dir / "config.json")) m = std::make_unique<hymix::auto_model>(hymix::auto_model::load(dir));
+    return (cache[name] = std::move(m)).get();
+}
+
+std::vector<std::int32_t> random_bytes(std::size_t n, std::uint64_t seed) {
+    std::mt19937_64 g(seed);
+    std::uniform_int_distribution<int> d(32, 126);
+    std::vector<std::int32_t> v(n);
+    for (auto& x : v) x = d(g);
+    return v;
+}
+
+/// Attention FLOPs per new token at context n (QKᵀ and PV, multiply-add = 2) over the model's attention layers.
+double attention_flops_per_token(const hymix::auto_model& m, double n) {
+    int attn = 0;
+    for (const auto& k : m.info().layer_kinds) attn += k == "attention";
+    // The shared hybrid has 4 heads of 64 (spec: head_dim 64, num_attention_heads 4).
+    return attn * 4.0 * 4.0 * 64.0 * n;
+}
+
+void prefill(benchmark::State& st, std::string name, std::int64_t batch) {
+    const auto* m = get_model(name);
+    if (!m) {
+        st.SkipWithError("checkpoint not found: set HYMIX_SHARED to the shared/ directory");
+        return;
+    }
+    constexpr std::int64_t T = 512;
+    const auto V = m->info().vocab_size;
+    auto c = m->make_cache(batch);
+    const auto toks = random_bytes(static_cast<std::size_t>(batch * T), 1);
+    std::vector<float> logits(static_cast<std::size_t>(batch * V));
+    const auto b = hymix::seq_batch::dense(batch, T);
+    for (auto _ : st) {
+        for (std::int64_t s = 0; s < batch; ++s) m->reset_slot(c, s);
+        m->forward_last(c, b, toks, hymix::tensor_view<float, 2>(logits.data(), {batch, V}));
+        benchmark::DoNotOptimize(logits.data());
+    }
+    const double tokens = double(batch * T);
+    const double flops = tokens * 2.0 * double(m->info().n_params) + batch * attention_flops_per_token(*m, T / 2.0) * T;
+    hymix::bench::report(st, tokens, flops, 4.0 * double(m->info().n_params), m->backend().num_threads());
+}
+
+void decode(benchmark::State& st, std::string name, std::int64_t batch, std::int64_t context) {
+    const auto* m = get_model(name);
+    if (!m) {
+        st.SkipWithError("checkpoint not found: set HYMIX_SHARED to the shared/ directory");
+        return;
+    }
+    const auto V = m->info().vocab_size;
+    auto c = m->make_cache(batch);
+    // Prefill `context` tokens per slot in chunks of 2048 (chunking never changes results, only peak memory).
+    const auto ctx = random_bytes(static_cast<std::size_t>(context), 2);
+    std::vector<float> last(static_cast<std::size_t>(batch * V));
+    for (std::int64_t s = 0; s < batch; ++s)
+        for (std::int64_t p = 0; p < context; p += 2048) {
+            const std::int64_t len = std::min<std::int64_t>(2048, context - p);
+            hymix::seq_batch b;
+            b.add(0, len, s);
+            b.n_rows = len;
+            m->forward_last(c, b, std::span(ctx).subspan(static_cast<std::size_t>(p), static_cast<std::size_t>(len)),
+                            hymix::tensor_view<float, 2>(last.data(), {1, V}));
+        }
+    std::vector<std::int64_t> slots(static_cast<std::size_t>(batch));
+    for (std::int64_t s = 0; s < batch; ++s) slots[static_cast<std::size_t>(s)] = s;
+    const auto step = hymix::seq_batch::decode(slots);
+    std::vector<std::int32_t> toks(static_cast<std::size_t>(batch), 101);
+    // One untimed step: a KV cache filled to a power of two grows (once) on the next token.
+    m->forward(c, step, toks, hymix::tensor_view<float, 2>(last.data(), {batch, V}));
+    std::int64_t steps = 0;
+    for (auto _ : st) {
+        m->forward(c, step, toks, hymix::tensor_view<float, 2>(last.data(), {batch, V}));
+        benchmark::DoNotOptimize(last.data());
+        ++steps;
+    }
+    st.counters["context"] = double(context);
+    st.counters["s/token"] = benchmark::Counter(double(batch) * double(steps), benchmark::Counter::kIsRate |
+                                                                                     benchmark::Counter::kInvert);
+    const double flops = double(batch) * (2.0 * double(m->info().n_params) + attention_flops_per_token(*m, double(context)));
+    hymix::bench::report(st, double(batch), flops, 4.0 * double(m->info().n_params), m->backend().num_threads());
+}
+
+const bool registered = [] {
+    for (const char* name : {"kjv-mamba2-byte", "kjv-gdn-byte", "kjv-hybrid-byte"}) {
+        for (std::int64_t b : {1, 8}) {
+            benchmark::RegisterBenchmark(("prefill/" + std::string(name) + "/batch:" + std::to_string(b) + "/T:512").c_str(),
+                                         prefill, std::string(name), b)
+                ->Unit(benchmark::kMillisecond)
+                ->UseRealTime();
+            benchmark::RegisterBenchmark(("decode/" + std::string(name) + "/batch:" + std::to_string(b) + "/context:64").c_str(),
+                                         decode, std::string(name), b, std::int64_t{64})
+                ->Unit(benchmark::kMicrosecond)
+                ->UseRealTime();
+        }
+    }
+    // Decode cost per token against context length, batch 1.
+    for (std::int64_t ctx : {1024, 4096, 16384, 32768})
+        benchmark::RegisterBenchmark(("decode_vs_context/kjv-hybrid-byte/context:" + std::to_string(ctx)).c_str(), decode,
+                                     std::string("kjv-hybrid-byte"), std::int64_t{1}, ctx)
+            ->Unit(benchmark::kMicrosecond)
+            ->UseRealTime();
+    for (const char* name : {"kjv-mamba2-byte", "kjv-gdn-byte"})
+        for (std::int64_t ctx : {1024, 32768})
+            benchmark::RegisterBenchmark(("decode_vs_context/" + std::string(name) + "/context:" + std::to_string(ctx)).c_str(),
+                                         decode, std::string(name), std::int64_t{1}, ctx)
+                ->Unit(benchmark::kMicrosecond)
+                ->UseRealTime();
+    return true;
+}();
+
+}  // namespace

@@ -1,0 +1,462 @@
+// The Gated DeltaNet mixer layer (spec.md §4.2, §4.4, §4.7): input projections, one causal depthwise conv + SiLU
+// over [q | k | v], L2-normalised q/k, gates g and β, the gated delta rule (kernels/gated_delta.hpp), gated RMSNorm
+// (norm-then-gate per head) and the output projection. Weights follow Hugging Face Qwen3.5 `linear_attn` names;
+// fla's separate q/k/v projections and convs map onto in_proj_qkv / conv1d_weight by concatenating rows [q | k | v].
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <xsimd/xsimd.hpp>
+
+#include "hymix/backend/concepts.hpp"
+#include "hymix/backend/cpu.hpp"
+#include "hymix/core/error.hpp"
+#include "hymix/core/math.hpp"
+#include "hymix/core/seq_batch.hpp"
+#include "hymix/core/tensor.hpp"
+#include "hymix/kernels/conv1d.hpp"
+#include "hymix/kernels/gated_delta.hpp"
+#include "hymix/kernels/linear.hpp"
+#include "hymix/kernels/norm.hpp"
+#include "hymix/mixer/concepts.hpp"
+
+namespace hymix {
+
+/// Sizes of one Gated DeltaNet layer. Qwen3.5 keys: hidden_size, linear_num_key_heads, linear_num_value_heads,
+/// linear_key_head_dim, linear_value_head_dim, linear_conv_kernel_dim, rms_norm_eps.
+struct gated_deltanet_config {
+    std::int64_t d_model = 0;     // d
+    std::int64_t n_k_heads = 0;   // H_k
+    std::int64_t n_v_heads = 0;   // H_v, a multiple of H_k
+    std::int64_t d_k = 0;         // key / query head width
+    std::int64_t d_v = 0;         // value head width
+    std::int64_t d_conv = 4;      // K, short-conv width
+    std::int64_t chunk_size = 64; // C of the chunked prefill
+    float norm_eps = 1e-6f;       // gated norm eps (Qwen3.5 rms_norm_eps; fla uses 1e-5)
+    float l2_eps = 1e-6f;         // inside the sqrt of the q/k L2 norm
+    bool allow_neg_eigval = false;  // β = 2σ(b) instead of σ(b)
+    float decay_floor = 0.f;      // optional clamp g ≤ −decay_floor (spec.md §8.11); 0 = none, as in Qwen3.5 / fla
+
+    std::int64_t key_dim() const noexcept { return n_k_heads * d_k; }
+    std::int64_t value_dim() const noexcept { return n_v_heads * d_v; }
+    std::int64_t conv_dim() const noexcept { return 2 * key_dim() + value_dim(); }
+
+    /// Throws config_error when a size is not positive or H_v is not a multiple of H_k.
+    void validate() const {
+        auto pos = [](std::int64_t v, const char* name) {
+            if (v <= 0) throw config_error(std::string("gated_deltanet_config: ") + name + " must be > 0, found " + std::to_string(v));
+        };
+        pos(d_model, "d_model");
+        pos(n_k_heads, "n_k_heads");
+        pos(n_v_heads, "n_v_heads");
+        pos(d_k, "d_k");
+        pos(d_v, "d_v");
+        pos(d_conv, "d_conv");
+        pos(chunk_size, "chunk_size");
+        if (n_v_heads % n_k_heads != 0)
+            throw config_error("gated_deltanet_config: n_v_heads (" + std::to_string(n_v_heads) +
+                               ") must be a multiple of n_k_heads (" + std::to_string(n_k_heads) + ")");
+        if (!(norm_eps >= 0.f) || !(l2_eps >= 0.f) || !(decay_floor >= 0.f))
+            throw config_error("gated_deltanet_config: norm_eps, l2_eps and decay_floor must be >= 0");
+    }
+};
+
+/// Weights of one layer, fp32, Hugging Face [out, in] layout (names of Qwen3.5 `model.layers.{i}.linear_attn.*`).
+struct gated_deltanet_weights {
+    tensor<float> in_proj_qkv;    // in_proj_qkv.weight [2·key_dim + value_dim, d], rows [q | k | v]
+    tensor<float> in_proj_z;      // in_proj_z.weight   [value_dim, d]  (gate of the output norm)
+    tensor<float> in_proj_b;      // in_proj_b.weight   [H_v, d]        (β pre-activation)
+    tensor<float> in_proj_a;      // in_proj_a.weight   [H_v, d]        (decay pre-activation)
+    tensor<float> conv1d_weight;  // conv1d.weight [conv_dim, 1, K] stored [conv_dim, K]; no bias
+    tensor<float> dt_bias;        // dt_bias [H_v]
+    tensor<float> A_log;          // A_log   [H_v]
+    tensor<float> norm_weight;    // norm.weight [d_v], plain w shared by all heads
+    tensor<float> out_proj;       // out_proj.weight [d, value_dim]
+
+    /// Throws shape_error naming the first tensor whose shape differs from the config.
+    void validate(const gated_deltanet_config& c) const {
+        auto need = [](const tensor<float>& t, std::vector<std::int64_t> want, const char* name) {
+            if (t.shape() != want)
+                throw shape_error(std::string("gated_deltanet_weights: ") + name + ": expected shape " + shape_string(want) +
+                                  ", found " + shape_string(t.shape()));
+        };
+        need(in_proj_qkv, {c.conv_dim(), c.d_model}, "in_proj_qkv");
+        need(in_proj_z, {c.value_dim(), c.d_model}, "in_proj_z");
+        need(in_proj_b, {c.n_v_heads, c.d_model}, "in_proj_b");
+        need(in_proj_a, {c.n_v_heads, c.d_model}, "in_proj_a");
+        need(conv1d_weight, {c.conv_dim(), c.d_conv}, "conv1d_weight");
+        need(dt_bias, {c.n_v_heads}, "dt_bias");
+        need(A_log, {c.n_v_heads}, "A_log");
+        need(norm_weight, {c.d_v}, "norm_weight");
+        need(out_proj, {c.d_model, c.value_dim()}, "out_proj");
+    }
+
+    /// Random weights with the Qwen3.5 initialisation (spec.md §4.5): linears N(0, 0.02), dt_bias = 1,
+    /// A_log = log U(0.01, 16), norm weight 1; conv weights U(−1/√K, 1/√K) (PyTorch's default for a depthwise conv).
+    static gated_deltanet_weights random(const gated_deltanet_config& c, std::uint64_t seed) {
+        c.validate();
+        std::mt19937_64 gen(seed);
+        auto normal = [&](std::vector<std::int64_t> shape) {
+            tensor<float> t(std::move(shape));
+            std::normal_distribution<float> d(0.f, 0.02f);
+            for (auto& x : t.span()) x = d(gen);
+            return t;
+        };
+        gated_deltanet_weights w;
+        w.in_proj_qkv = normal({c.conv_dim(), c.d_model});
+        w.in_proj_z = normal({c.value_dim(), c.d_model});
+        w.in_proj_b = normal({c.n_v_heads, c.d_model});
+        w.in_proj_a = normal({c.n_v_heads, c.d_model});
+        w.conv1d_weight = tensor<float>({c.conv_dim(), c.d_conv});
+        const float bound = 1.f / std::sqrt(static_cast<float>(c.d_conv));
+        std::uniform_real_distribution<float> cu(-bound, bound);
+        for (auto& x : w.conv1d_weight.span()) x = cu(gen);
+        w.dt_bias = tensor<float>({c.n_v_heads});
+        w.dt_bias.fill(1.f);
+        w.A_log = tensor<float>({c.n_v_heads});
+        std::uniform_real_distribution<float> au(0.01f, 16.f);
+        for (auto& x : w.A_log.span()) x = std::log(au(gen));
+        w.norm_weight = tensor<float>({c.d_v});
+        w.norm_weight.fill(1.f);
+        w.out_proj = normal({c.d_model, c.value_dim()});
+        return w;
+    }
+};
+
+/// Recurrent state in numbered slots: the delta-rule state and the last K−1 pre-conv inputs of [q | k | v].
+struct gated_deltanet_state {
+    tensor<float> ssm;   // [S, H_v, d_k, d_v]
+    tensor<float> conv;  // [S, conv_dim, K−1], oldest input in column 0
+
+    std::int64_t n_slots() const noexcept { return ssm.rank() == 0 ? 0 : ssm.dim(0); }
+    /// Zeroes slot i (a fresh sequence). Throws shape_error when i is out of range.
+    void reset_slot(std::int64_t i) {
+        check(i, "reset_slot");
+        std::fill_n(ssm.data() + i * ssm_slot(), ssm_slot(), 0.f);
+        std::fill_n(conv.data() + i * conv_slot(), conv_slot(), 0.f);
+    }
+    /// Slot `to` becomes a copy of slot `from`. Throws shape_error when either is out of range.
+    void copy_slot(std::int64_t from, std::int64_t to) {
+        check(from, "copy_slot");
+        check(to, "copy_slot");
+        if (from == to) return;
+        std::copy_n(ssm.data() + from * ssm_slot(), ssm_slot(), ssm.data() + to * ssm_slot());
+        std::copy_n(conv.data() + from * conv_slot(), conv_slot(), conv.data() + to * conv_slot());
+    }
+
+private:
+    std::int64_t ssm_slot() const { return ssm.numel() / std::max<std::int64_t>(1, n_slots()); }
+    std::int64_t conv_slot() const { return conv.numel() / std::max<std::int64_t>(1, n_slots()); }
+    void check(std::int64_t i, const char* what) const {
+        if (i < 0 || i >= n_slots())
+            throw shape_error(std::string("gated_deltanet_state::") + what + ": slot " + std::to_string(i) + " outside [0, " +
+                              std::to_string(n_slots()) + ")");
+    }
+};
+
+namespace detail {
+
+/// Checks x, y, state and batch of a mixer call against the config. Throws shape_error.
+inline void check_gdn_call(const gated_deltanet_config& c, const gated_deltanet_state& st, const seq_batch& batch,
+                           tensor_view<const float, 2> x, tensor_view<float, 2> y) {
+    x.require_shape({batch.n_rows, c.d_model}, "gated_deltanet: x [n_rows, d_model]");
+    y.require_shape({batch.n_rows, c.d_model}, "gated_deltanet: y [n_rows, d_model]");
+    const std::int64_t S = st.n_slots();
+    const std::vector<std::int64_t> ws{S, c.n_v_heads, c.d_k, c.d_v}, wc{S, c.conv_dim(), c.d_conv - 1};
+    if (st.ssm.shape() != ws)
+        throw shape_error("gated_deltanet: state.ssm: expected shape " + shape_string(ws) + ", found " + shape_string(st.ssm.shape()));
+    if (st.conv.shape() != wc)
+        throw shape_error("gated_deltanet: state.conv: expected shape " + shape_string(wc) + ", found " + shape_string(st.conv.shape()));
+    batch.validate(S);
+}
+
+/// Per-thread scratch of the mixer, grown to the largest call seen on that thread and reused (so steady-state
+/// decode and repeated prefill do not allocate or page-fault).
+inline std::vector<float>& gdn_workspace() {
+    thread_local std::vector<float> ws;
+    return ws;
+}
+
+/// In place on rows [n_rows, d_k] (contiguous): L2-normalise each row (eps inside the sqrt). Vectorised with xsimd.
+template <class Arch>
+void gdn_l2_norm_rows(float* rows,  // [n_rows, d_k]
+                      std::int64_t n_rows, std::int64_t dk, float l2_eps) {
+    using B = xsimd::batch<float, Arch>;
+    constexpr std::int64_t W = static_cast<std::int64_t>(B::size);
+    for (std::int64_t r = 0; r < n_rows; ++r) {
+        float* p = rows + r * dk;
+        B acc(0.f);
+        std::int64_t a = 0;
+        for (; a + W <= dk; a += W) {
+            const B x = B::load_unaligned(p + a);
+            acc = xsimd::fma(x, x, acc);
+        }
+        float ss = xsimd::hadd(acc);
+        for (; a < dk; ++a) ss += p[a] * p[a];
+        const float inv = 1.f / std::sqrt(ss + l2_eps);
+        a = 0;
+        for (; a + W <= dk; a += W) (B::load_unaligned(p + a) * B(inv)).store_unaligned(p + a);
+        for (; a < dk; ++a) p[a] *= inv;
+    }
+}
+
+}  // namespace detail
+
+/// Gated DeltaNet layer. forward(): any token counts (chunked prefill; dispatches to the step path when every
+/// sequence has exactly one token); step(): one token per sequence. Both read and update the state slots of the
+/// batch in place; rows outside valid sequences (padding, slot −1) get zero output.
+class gated_deltanet {
+public:
+    using config_type = gated_deltanet_config;
+    using weights_type = gated_deltanet_weights;
+    using state_type = gated_deltanet_state;
+
+    /// Validates both (config_error / shape_error).
+    gated_deltanet(gated_deltanet_config c, gated_deltanet_weights w) : cfg_(c), w_(std::move(w)) {
+        cfg_.validate();
+        w_.validate(cfg_);
+    }
+
+    const gated_deltanet_config& config() const noexcept { return cfg_; }
+    const gated_deltanet_weights& weights() const noexcept { return w_; }
+
+    /// A zeroed state with n_slots slots: ssm [S, H_v, d_k, d_v], conv [S, conv_dim, K−1].
+    gated_deltanet_state make_state(std::int64_t n_slots) const {
+        if (n_slots < 0) throw shape_error("gated_deltanet::make_state: negative slot count " + std::to_string(n_slots));
+        gated_deltanet_state s;
+        s.ssm = tensor<float>({n_slots, cfg_.n_v_heads, cfg_.d_k, cfg_.d_v});
+        s.conv = tensor<float>({n_slots, cfg_.conv_dim(), cfg_.d_conv - 1});
+        return s;
+    }
+
+    /// y [n_rows, d] = layer(x [n_rows, d]) for every sequence of `batch`, any lengths. fp32.
+    /// Throws shape_error on mismatched x / y / state / batch.
+    template <cpu_backend_type B>
+    void forward(const B& be, gated_deltanet_state& st, const seq_batch& batch, tensor_view<const float, 2> x,
+                 tensor_view<float, 2> y) const {
+        detail::check_gdn_call(cfg_, st, batch, x, y);
+        run(be, st, batch, x, y, batch.n_seq() > 0 && batch.is_decode());
+    }
+
+    /// Decode step: every sequence of `batch` must have exactly one token (else shape_error). fp32.
+    template <cpu_backend_type B>
+    void step(const B& be, gated_deltanet_state& st, const seq_batch& batch, tensor_view<const float, 2> x,
+              tensor_view<float, 2> y) const {
+        detail::check_gdn_call(cfg_, st, batch, x, y);
+        for (std::int64_t s = 0; s < batch.n_seq(); ++s)
+            if (batch.lengths[s] != 1)
+                throw shape_error("gated_deltanet::step: sequence " + std::to_string(s) + " has " +
+                                  std::to_string(batch.lengths[s]) + " tokens, a decode step takes exactly 1");
+        run(be, st, batch, x, y, true);
+    }
+
+private:
+    template <cpu_backend_type B>
+    void run(const B& be, gated_deltanet_state& st, const seq_batch& batch, tensor_view<const float, 2> x,
+             tensor_view<float, 2> y, bool decode) const {
+        const auto& c = cfg_;
+        const std::int64_t n = batch.n_rows, Hk = c.n_k_heads, Hv = c.n_v_heads, dk = c.d_k, dv = c.d_v;
+        const std::int64_t CD = c.conv_dim(), VD = c.value_dim(), KD = c.key_dim(), K = c.d_conv;
+        if (n == 0) return;
+        // Scratch from the per-thread workspace: qkv and its conv output [n, conv_dim], z and o [n, value_dim],
+        // raw b, a and the gates g, β [n, H_v].
+        auto& ws = detail::gdn_workspace();
+        const std::int64_t need = n * (2 * CD + 2 * VD + 4 * Hv);
+        if (static_cast<std::int64_t>(ws.size()) < need) ws.resize(static_cast<std::size_t>(need));
+        float* p = ws.data();
+        auto take = [&](std::int64_t cols) {
+            tensor_view<float, 2> t(p, {n, cols});
+            p += n * cols;
+            return t;
+        };
+        const auto qkv = take(CD), qkvc = take(CD), z = take(VD), o = take(VD), braw = take(Hv), araw = take(Hv),
+                   g = take(Hv), beta = take(Hv);
+        // 1. Projections on every row (padding rows are computed and discarded).
+        kernels::linear(be, x, w_.in_proj_qkv.view<2>(), nullptr, qkv);
+        kernels::linear(be, x, w_.in_proj_z.view<2>(), nullptr, z);
+        kernels::linear(be, x, w_.in_proj_b.view<2>(), nullptr, braw);
+        kernels::linear(be, x, w_.in_proj_a.view<2>(), nullptr, araw);
+        // 2. Causal depthwise conv + SiLU per valid sequence, carrying its conv state, then L2 norms of the q and k
+        //    heads (eps inside the sqrt) while hot in cache. Prefill writes head-major buffers (q, k heads
+        //    [2·H_k, n, d_k], then v heads [H_v, n, d_v]; one task per (sequence, head)) so the chunked kernel streams
+        //    contiguous rows; decode keeps token-major rows [n, conv_dim] (one task per sequence: fewer, larger calls).
+        //    Rows of padding / invalid entries stay unwritten: nothing downstream reads them.
+        const bool head_major = !decode;
+        const std::int64_t n_blk = head_major ? 2 * Hk + Hv : 1;
+        auto blk_col = [&](std::int64_t i) { return i < 2 * Hk ? i * dk : 2 * KD + (i - 2 * Hk) * dv; };
+        auto blk_width = [&](std::int64_t i) { return head_major ? (i < 2 * Hk ? dk : dv) : CD; };
+        auto blk_data = [&](std::int64_t i) { return qkvc.data + n * blk_col(i); };  // head-major [n, width]
+        {
+            std::vector<std::int64_t> seqs;
+            for (std::int64_t s = 0; s < batch.n_seq(); ++s)
+                if (batch.slots[s] >= 0 && batch.lengths[s] > 0) seqs.push_back(s);
+            const std::int64_t ntask = static_cast<std::int64_t>(seqs.size()) * n_blk;
+            be.parallel_for(ntask, 1, [&](std::int64_t b0, std::int64_t b1) {
+                for (std::int64_t i = b0; i < b1; ++i) {
+                    const std::int64_t s = seqs[static_cast<std::size_t>(i / n_blk)], blk = i % n_blk;
+                    const std::int64_t c0 = head_major ? blk_col(blk) : 0, cw = blk_width(blk);
+                    const std::int64_t r0 = batch.starts[s], len = batch.lengths[s];
+                    tensor_view<const float, 2> xs(qkv.data + r0 * CD + c0, {len, cw}, {CD, 1});
+                    tensor_view<const float, 2> wsl(w_.conv1d_weight.data() + c0 * K, {cw, K});
+                    float* out = head_major ? blk_data(blk) + r0 * cw : qkvc.data + r0 * CD;
+                    float* state = st.conv.data() + (batch.slots[s] * CD + c0) * (K - 1);
+                    kernels::causal_conv1d<float>(xs, wsl, nullptr, state, kernels::conv_activation::silu,
+                                                  tensor_view<float, 2>(out, {len, cw}, {head_major ? cw : CD, 1}));
+                    if (head_major) {
+                        if (blk < 2 * Hk) detail::gdn_l2_norm_rows<typename B::arch>(out, len, dk, c.l2_eps);
+                    } else {
+                        for (std::int64_t t = 0; t < len; ++t)  // the 2·H_k contiguous q, k heads of each token
+                            detail::gdn_l2_norm_rows<typename B::arch>(out + t * CD, 2 * Hk, dk, c.l2_eps);
+                    }
+                }
+            });
+        }
+        // 3. Gates g and β.
+        be.parallel_for(n, 256, [&](std::int64_t r0, std::int64_t r1) {
+            for (std::int64_t r = r0; r < r1; ++r)
+                for (std::int64_t h = 0; h < Hv; ++h) {
+                    g(r, h) = kernels::gdn_log_decay(araw(r, h), w_.dt_bias[h], w_.A_log[h], c.decay_floor);
+                    beta(r, h) = kernels::gdn_beta(braw(r, h), c.allow_neg_eigval);
+                }
+        });
+        // 4. The delta rule; o is head-major [H_v, n, d_v] in prefill, token-major [n, H_v, d_v] in decode.
+        const float scale = 1.f / std::sqrt(static_cast<float>(dk));
+        tensor_view<float, 4> ssm = st.ssm.view<4>();
+        if (head_major) {
+            tensor_view<const float, 3> q(blk_data(0), {n, Hk, dk}, {dk, n * dk, 1});
+            tensor_view<const float, 3> k(blk_data(Hk), {n, Hk, dk}, {dk, n * dk, 1});
+            tensor_view<const float, 3> v(blk_data(2 * Hk), {n, Hv, dv}, {dv, n * dv, 1});
+            tensor_view<float, 3> ov(o.data, {n, Hv, dv}, {dv, n * dv, 1});
+            kernels::gated_delta_rule_chunked(be, batch, q, k, v, g, beta, scale, ssm, ov, c.chunk_size);
+        } else {
+            tensor_view<const float, 3> q(qkvc.data, {n, Hk, dk}, {CD, dk, 1});
+            tensor_view<const float, 3> k(qkvc.data + KD, {n, Hk, dk}, {CD, dk, 1});
+            tensor_view<const float, 3> v(qkvc.data + 2 * KD, {n, Hv, dv}, {CD, dv, 1});
+            tensor_view<float, 3> ov(o.data, {n, Hv, dv}, {VD, dv, 1});
+            kernels::gated_delta_rule_step(be, batch, q, k, v, g, beta, scale, ssm, ov);
+        }
+        // 5. Gated RMSNorm, norm-then-gate per head over d_v, from o into token-major `on` [n, value_dim] (reusing the
+        //    projection buffer, consumed by the conv). Parallel over (head, row block).
+        const tensor_view<float, 2> on(qkv.data, {n, VD});
+        const std::int64_t rb = 256, nrb = (n + rb - 1) / rb;
+        be.parallel_for(Hv * nrb, 1, [&](std::int64_t b0, std::int64_t b1) {
+            for (std::int64_t i = b0; i < b1; ++i) {
+                const std::int64_t h = i / nrb, r0 = (i % nrb) * rb, m = std::min(rb, n - r0);
+                tensor_view<const float, 2> ys = head_major
+                                                     ? tensor_view<const float, 2>(o.data + (h * n + r0) * dv, {m, dv})
+                                                     : tensor_view<const float, 2>(o.data + r0 * VD + h * dv, {m, dv}, {VD, 1});
+                tensor_view<const float, 2> zs(z.data + r0 * VD + h * dv, {m, dv}, {VD, 1});
+                tensor_view<float, 2> os(on.data + r0 * VD + h * dv, {m, dv}, {VD, 1});
+                kernels::gated_rms_norm<float>(ys, zs, w_.norm_weight.data(), dv, dv, kernels::gate_order::norm_then_gate,
+                                               c.norm_eps, os);
+            }
+        });
+        // 6. Output projection, then zero the rows of padding and invalid entries.
+        kernels::linear(be, tensor_view<const float, 2>(on), w_.out_proj.view<2>(), nullptr, y);
+        std::vector<char> covered(static_cast<std::size_t>(n), 0);
+        for (std::int64_t s = 0; s < batch.n_seq(); ++s)
+            if (batch.slots[s] >= 0) std::fill_n(covered.begin() + batch.starts[s], batch.lengths[s], char(1));
+        for (std::int64_t r = 0; r < n; ++r)
+            if (!covered[static_cast<std::size_t>(r)])
+                for (std::int64_t i = 0; i < c.d_model; ++i) y(r, i) = 0.f;
+    }
+
+    gated_deltanet_config cfg_;
+    gated_deltanet_weights w_;
+};
+
+static_assert(mixer<gated_deltanet, cpu_backend>);
+
+/// Whole-layer reference in the precision of T (use double), token by token with obvious loops, from the same fp32
+/// weights: projections, conv window + SiLU, L2 norms, gates, the §4.1 recurrence, gated norm, out_proj.
+/// ssm [S, H_v, d_k, d_v] and conv [S, conv_dim, K−1] are updated in place per valid sequence; x, y [n_rows, d].
+/// Rows outside valid sequences get y = 0. Throws shape_error on mismatched shapes.
+template <class T>
+void gated_deltanet_ref(const gated_deltanet_config& c, const gated_deltanet_weights& w, const seq_batch& batch,
+                        tensor_view<const T, 2> x,  // [n_rows, d]
+                        tensor_view<T, 4> ssm,      // [S, H_v, d_k, d_v]
+                        tensor_view<T, 3> conv,     // [S, conv_dim, K−1]
+                        tensor_view<T, 2> y) {      // [n_rows, d]
+    c.validate();
+    w.validate(c);
+    const std::int64_t d = c.d_model, Hk = c.n_k_heads, Hv = c.n_v_heads, dk = c.d_k, dv = c.d_v, K = c.d_conv;
+    const std::int64_t CD = c.conv_dim(), VD = c.value_dim(), KD = c.key_dim(), r = Hv / Hk;
+    x.require_shape({batch.n_rows, d}, "gated_deltanet_ref: x");
+    y.require_shape({batch.n_rows, d}, "gated_deltanet_ref: y");
+    ssm.require_shape({-1, Hv, dk, dv}, "gated_deltanet_ref: ssm");
+    conv.require_shape({ssm.dim(0), CD, K - 1}, "gated_deltanet_ref: conv");
+    batch.validate(ssm.dim(0));
+    for (std::int64_t t = 0; t < batch.n_rows; ++t)
+        for (std::int64_t i = 0; i < d; ++i) y(t, i) = T(0);
+    auto dot = [](const float* wrow, const T* xt, std::int64_t n) {
+        T acc = 0;
+        for (std::int64_t i = 0; i < n; ++i) acc += static_cast<T>(wrow[i]) * xt[i];
+        return acc;
+    };
+    std::vector<T> xt(d), pre(CD), qkv(CD), z(VD), o(VD), u(dv);
+    for (std::int64_t s = 0; s < batch.n_seq(); ++s) {
+        const std::int64_t slot = batch.slots[s];
+        if (slot < 0) continue;
+        for (std::int64_t t = batch.starts[s]; t < batch.starts[s] + batch.lengths[s]; ++t) {
+            for (std::int64_t i = 0; i < d; ++i) xt[i] = x(t, i);
+            for (std::int64_t ch = 0; ch < CD; ++ch) pre[ch] = dot(&w.in_proj_qkv[ch * d], xt.data(), d);
+            for (std::int64_t ch = 0; ch < VD; ++ch) z[ch] = dot(&w.in_proj_z[ch * d], xt.data(), d);
+            // Conv window [state | current] with tap K−1 on the current token, then SiLU; shift the state.
+            for (std::int64_t ch = 0; ch < CD; ++ch) {
+                T acc = static_cast<T>(w.conv1d_weight[ch * K + K - 1]) * pre[ch];
+                for (std::int64_t j = 0; j < K - 1; ++j) acc += static_cast<T>(w.conv1d_weight[ch * K + j]) * conv(slot, ch, j);
+                qkv[ch] = silu(acc);
+                for (std::int64_t j = 0; j + 1 < K - 1; ++j) conv(slot, ch, j) = conv(slot, ch, j + 1);
+                if (K > 1) conv(slot, ch, K - 2) = pre[ch];
+            }
+            // L2 norms of q and k heads (eps inside the sqrt).
+            for (std::int64_t h = 0; h < 2 * Hk; ++h) {
+                T ss = 0;
+                for (std::int64_t a = 0; a < dk; ++a) ss += qkv[h * dk + a] * qkv[h * dk + a];
+                const T nrm = std::sqrt(ss + static_cast<T>(c.l2_eps));
+                for (std::int64_t a = 0; a < dk; ++a) qkv[h * dk + a] /= nrm;
+            }
+            const T scale = T(1) / std::sqrt(static_cast<T>(dk));
+            for (std::int64_t j = 0; j < Hv; ++j) {
+                const T a_raw = dot(&w.in_proj_a[j * d], xt.data(), d);
+                const T b_raw = dot(&w.in_proj_b[j * d], xt.data(), d);
+                const T gt = kernels::gdn_log_decay(a_raw, static_cast<T>(w.dt_bias[j]), static_cast<T>(w.A_log[j]),
+                                                    static_cast<T>(c.decay_floor));
+                const T bt = kernels::gdn_beta(b_raw, c.allow_neg_eigval);
+                const T* qh = &qkv[(j / r) * dk];
+                const T* kh = &qkv[KD + (j / r) * dk];
+                const T* vh = &qkv[2 * KD + j * dv];
+                auto S = ssm[slot][j];  // [d_k, d_v]
+                for (std::int64_t a = 0; a < dk; ++a)
+                    for (std::int64_t b = 0; b < dv; ++b) S(a, b) *= std::exp(gt);
+                for (std::int64_t b = 0; b < dv; ++b) {
+                    T sk = 0;
+                    for (std::int64_t a = 0; a < dk; ++a) sk += S(a, b) * kh[a];
+                    u[b] = bt * (vh[b] - sk);
+                }
+                for (std::int64_t a = 0; a < dk; ++a)
+                    for (std::int64_t b = 0; b < dv; ++b) S(a, b) += kh[a] * u[b];
+                // o_j = Sᵀ(scale q), then norm-then-gate over the head.
+                T ss = 0;
+                for (std::int64_t b = 0; b < dv; ++b) {
+                    T acc = 0;
+                    for (std::int64_t a = 0; a < dk; ++a) acc += S(a, b) * qh[a] * scale;
+                    o[j * dv + b] = acc;
+                    ss += acc * acc;
+                }
+                const T inv = T(1) / std::sqrt(ss / static_cast<T>(dv) + static_cast<T>(c.norm_eps));
+                for (std::int64_t b = 0; b < dv; ++b)
+                    o[j * dv + b] = static_cast<T>(w.norm_weight[b]) * o[j * dv + b] * inv * silu(z[j * dv + b]);
+            }
+            for (std::int64_t i = 0; i < d; ++i) y(t, i) = dot(&w.out_proj[i * VD], o.data(), VD);
+        }
+    }
+}
+
+}  // namespace hymix

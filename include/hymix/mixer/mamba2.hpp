@@ -1,0 +1,506 @@
+// The Mamba-2 mixer layer (spec.md §3.1–3.5): in_proj → causal conv + SiLU over xBC → Δ → SSD → gated RMSNorm
+// → out_proj, with fp32 SSM and conv states in slots; plus a token-by-token fp64 reference of the whole layer.
+// Weight names and shapes follow HF Mamba2ForCausalLM's `backbone.layers.{i}.mixer.*` (conv weights stored [C, K]).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "hymix/backend/concepts.hpp"
+#include "hymix/backend/cpu.hpp"
+#include "hymix/core/error.hpp"
+#include "hymix/core/math.hpp"
+#include "hymix/core/seq_batch.hpp"
+#include "hymix/core/tensor.hpp"
+#include "hymix/kernels/conv1d.hpp"
+#include "hymix/kernels/linear.hpp"
+#include "hymix/kernels/norm.hpp"
+#include "hymix/kernels/ssd.hpp"
+#include "hymix/mixer/concepts.hpp"
+
+namespace hymix {
+
+/// Δ clamp after the softplus (HF `time_step_limit`); the default (0, +inf) is a no-op.
+struct mamba2_dt_limit {
+    float lo = 0.0f;
+    float hi = std::numeric_limits<float>::infinity();
+};
+
+/// Sizes and options of one Mamba-2 layer (HF Mamba2Config / state-spaces Mamba2 kwargs).
+struct mamba2_config {
+    std::int64_t d_model = 0;          // hidden_size / d_model
+    std::int64_t n_heads = 0;          // H (num_heads)
+    std::int64_t head_dim = 64;        // P (head_dim / headdim)
+    std::int64_t d_state = 128;        // N (state_size / d_state)
+    std::int64_t n_groups = 1;         // G (n_groups / ngroups)
+    std::int64_t d_conv = 4;           // K (conv_kernel / d_conv)
+    std::int64_t chunk_size = 256;     // Q: changes cost, never results
+    std::int64_t expand = 0;           // 0: unchecked; else expand · d_model must equal H · P
+    std::int64_t d_ssm = 0;            // 0: = d_inner (the only supported value)
+    bool conv_bias = true;             // use_conv_bias
+    bool proj_bias = false;            // use_bias (in_proj and out_proj)
+    mamba2_dt_limit dt_limit{};        // time_step_limit
+    float norm_eps = 1e-5f;            // layer_norm_epsilon of the gated norm
+    std::int64_t norm_group_size = 0;  // 0: d_inner / G (grouped); d_inner: HF eager full-width norm
+    bool D_has_hdim = false;           // D is [d_inner] instead of [H]
+
+    std::int64_t d_inner() const noexcept { return n_heads * head_dim; }
+    std::int64_t conv_dim() const noexcept { return d_inner() + 2 * n_groups * d_state; }
+    std::int64_t d_in_proj() const noexcept { return 2 * d_inner() + 2 * n_groups * d_state + n_heads; }
+    std::int64_t group_size() const noexcept {
+        return norm_group_size > 0 ? norm_group_size : (n_groups > 0 ? d_inner() / n_groups : 0);
+    }
+
+    /// Throws config_error when sizes are non-positive or inconsistent.
+    void validate() const {
+        auto positive = [](std::int64_t v, const char* name) {
+            if (v <= 0) throw config_error(std::string("mamba2_config: ") + name + " must be positive, found " + std::to_string(v));
+        };
+        positive(d_model, "d_model");
+        positive(n_heads, "n_heads");
+        positive(head_dim, "head_dim");
+        positive(d_state, "d_state");
+        positive(n_groups, "n_groups");
+        positive(d_conv, "d_conv");
+        positive(chunk_size, "chunk_size");
+        if (n_heads % n_groups != 0)
+            throw config_error("mamba2_config: n_heads " + std::to_string(n_heads) + " is not a multiple of n_groups " +
+                               std::to_string(n_groups));
+        if (expand != 0 && expand * d_model != d_inner())
+            throw config_error("mamba2_config: expand * d_model = " + std::to_string(expand * d_model) +
+                               " but n_heads * head_dim = " + std::to_string(d_inner()));
+        if (d_ssm != 0 && d_ssm != d_inner())
+            throw config_error("mamba2_config: d_ssm " + std::to_string(d_ssm) + " != d_inner " + std::to_string(d_inner()) +
+                               " (the extra gated-MLP slice d_ssm < d_inner is not supported)");
+        if (norm_group_size < 0 || (norm_group_size > 0 && d_inner() % norm_group_size != 0))
+            throw config_error("mamba2_config: norm_group_size " + std::to_string(norm_group_size) + " does not divide d_inner " +
+                               std::to_string(d_inner()));
+        if (!(dt_limit.lo >= 0.0f) || !(dt_limit.hi >= dt_limit.lo))
+            throw config_error("mamba2_config: dt_limit must satisfy 0 <= lo <= hi, found (" + std::to_string(dt_limit.lo) +
+                               ", " + std::to_string(dt_limit.hi) + ")");
+        if (!(norm_eps > 0.0f)) throw config_error("mamba2_config: norm_eps must be positive");
+    }
+};
+
+namespace detail {
+inline void require_weight(const tensor<float>& t, const std::vector<std::int64_t>& expected, const char* name) {
+    if (t.shape() != expected)
+        throw shape_error(std::string("mamba2 weights: ") + name + ": expected shape " + shape_string(expected) + ", found " +
+                          shape_string(t.shape()));
+}
+}  // namespace detail
+
+/// Parameters of one Mamba-2 layer, fp32, names as in HF `backbone.layers.{i}.mixer.*`.
+struct mamba2_weights {
+    tensor<float> in_proj;        // in_proj.weight  [2·d_inner + 2GN + H, d]
+    tensor<float> in_proj_bias;   // in_proj.bias    [2·d_inner + 2GN + H]   (only if proj_bias)
+    tensor<float> conv1d_weight;  // conv1d.weight   [conv_dim, K]           (checkpoint [conv_dim, 1, K])
+    tensor<float> conv1d_bias;    // conv1d.bias     [conv_dim]              (only if conv_bias)
+    tensor<float> dt_bias;        // dt_bias         [H]
+    tensor<float> A_log;          // A_log           [H]
+    tensor<float> D;              // D               [H] (or [d_inner] if D_has_hdim)
+    tensor<float> norm_weight;    // norm.weight     [d_inner]
+    tensor<float> out_proj;       // out_proj.weight [d, d_inner]
+    tensor<float> out_proj_bias;  // out_proj.bias   [d]                     (only if proj_bias)
+
+    /// Throws shape_error naming the first tensor whose shape does not match `cfg`.
+    void validate(const mamba2_config& cfg) const {
+        const std::int64_t d = cfg.d_model, di = cfg.d_inner(), H = cfg.n_heads, cd = cfg.conv_dim(), np = cfg.d_in_proj();
+        detail::require_weight(in_proj, {np, d}, "in_proj.weight");
+        if (cfg.proj_bias) detail::require_weight(in_proj_bias, {np}, "in_proj.bias");
+        detail::require_weight(conv1d_weight, {cd, cfg.d_conv}, "conv1d.weight");
+        if (cfg.conv_bias) detail::require_weight(conv1d_bias, {cd}, "conv1d.bias");
+        detail::require_weight(dt_bias, {H}, "dt_bias");
+        detail::require_weight(A_log, {H}, "A_log");
+        detail::require_weight(D, {cfg.D_has_hdim ? di : H}, "D");
+        detail::require_weight(norm_weight, {di}, "norm.weight");
+        detail::require_weight(out_proj, {d, di}, "out_proj.weight");
+        if (cfg.proj_bias) detail::require_weight(out_proj_bias, {d}, "out_proj.bias");
+    }
+
+    /// Random weights with the state-spaces initialisation of spec.md §3.5: linear and conv layers PyTorch's
+    /// default U(±1/sqrt(fan_in)) (biases likewise for conv, zero for projections), A ~ U(1, 16) with
+    /// A_log = log A, Δ ~ exp(U(log 1e-3, log 0.1)) clamped ≥ 1e-4 and dt_bias = softplus⁻¹(Δ), D = 1,
+    /// norm weight 1. out_proj is not rescaled (one layer). Throws config_error for an invalid config.
+    static mamba2_weights random(const mamba2_config& cfg, std::uint64_t seed) {
+        cfg.validate();
+        std::mt19937_64 gen(seed);
+        auto fill_uniform = [&](tensor<float>& t, double lo, double hi) {
+            std::uniform_real_distribution<double> u(lo, hi);
+            for (auto& v : t.span()) v = static_cast<float>(u(gen));
+        };
+        const std::int64_t d = cfg.d_model, di = cfg.d_inner(), H = cfg.n_heads, cd = cfg.conv_dim(), np = cfg.d_in_proj();
+        mamba2_weights w;
+        w.in_proj = tensor<float>({np, d});
+        fill_uniform(w.in_proj, -1.0 / std::sqrt(double(d)), 1.0 / std::sqrt(double(d)));
+        if (cfg.proj_bias) w.in_proj_bias = tensor<float>({np});
+        w.conv1d_weight = tensor<float>({cd, cfg.d_conv});
+        const double cb = 1.0 / std::sqrt(double(cfg.d_conv));
+        fill_uniform(w.conv1d_weight, -cb, cb);
+        if (cfg.conv_bias) {
+            w.conv1d_bias = tensor<float>({cd});
+            fill_uniform(w.conv1d_bias, -cb, cb);
+        }
+        w.A_log = tensor<float>({H});
+        w.dt_bias = tensor<float>({H});
+        std::uniform_real_distribution<double> ua(1.0, 16.0), udt(std::log(1e-3), std::log(0.1));
+        for (std::int64_t h = 0; h < H; ++h) {
+            w.A_log[h] = static_cast<float>(std::log(ua(gen)));
+            const double dt = std::max(std::exp(udt(gen)), 1e-4);
+            w.dt_bias[h] = static_cast<float>(dt + std::log(-std::expm1(-dt)));
+        }
+        w.D = tensor<float>({cfg.D_has_hdim ? di : H});
+        w.D.fill(1.0f);
+        w.norm_weight = tensor<float>({di});
+        w.norm_weight.fill(1.0f);
+        w.out_proj = tensor<float>({d, di});
+        fill_uniform(w.out_proj, -1.0 / std::sqrt(double(di)), 1.0 / std::sqrt(double(di)));
+        if (cfg.proj_bias) w.out_proj_bias = tensor<float>({d});
+        return w;
+    }
+};
+
+/// Per-sequence recurrent state in numbered slots: ssm [S, H, P, N] and conv [S, conv_dim, K−1] (the last
+/// K−1 pre-conv xBC inputs, oldest in column 0), both fp32.
+struct mamba2_state {
+    tensor<float> ssm;   // [S, H, P, N]
+    tensor<float> conv;  // [S, conv_dim, K − 1]
+
+    mamba2_state() = default;
+    /// Zeroed state of n_slots slots for `cfg`.
+    mamba2_state(const mamba2_config& cfg, std::int64_t n_slots)
+        : ssm({n_slots, cfg.n_heads, cfg.head_dim, cfg.d_state}), conv({n_slots, cfg.conv_dim(), cfg.d_conv - 1}) {}
+
+    std::int64_t n_slots() const { return ssm.rank() == 4 ? ssm.dim(0) : 0; }
+    std::int64_t ssm_slot_size() const { return n_slots() ? ssm.numel() / n_slots() : 0; }
+    std::int64_t conv_slot_size() const { return n_slots() ? conv.numel() / n_slots() : 0; }
+    float* ssm_slot(std::int64_t i) { return ssm.data() + i * ssm_slot_size(); }     // [H, P, N]
+    float* conv_slot(std::int64_t i) { return conv.data() + i * conv_slot_size(); }  // [conv_dim, K − 1]
+    const float* ssm_slot(std::int64_t i) const { return ssm.data() + i * ssm_slot_size(); }
+    const float* conv_slot(std::int64_t i) const { return conv.data() + i * conv_slot_size(); }
+
+    /// Zeroes slot i (a fresh sequence). Throws shape_error when i is out of range.
+    void reset_slot(std::int64_t i) {
+        check(i, "reset_slot");
+        std::fill_n(ssm_slot(i), ssm_slot_size(), 0.0f);
+        std::fill_n(conv_slot(i), conv_slot_size(), 0.0f);
+    }
+    /// Slot `to` becomes a copy of slot `from`. Throws shape_error when either is out of range.
+    void copy_slot(std::int64_t from, std::int64_t to) {
+        check(from, "copy_slot");
+        check(to, "copy_slot");
+        if (from == to) return;
+        std::copy_n(ssm_slot(from), ssm_slot_size(), ssm_slot(to));
+        std::copy_n(conv_slot(from), conv_slot_size(), conv_slot(to));
+    }
+    /// Throws shape_error unless the state's shapes match `cfg`.
+    void validate(const mamba2_config& cfg) const {
+        const std::int64_t S = n_slots();
+        const std::vector<std::int64_t> es{S, cfg.n_heads, cfg.head_dim, cfg.d_state}, ec{S, cfg.conv_dim(), cfg.d_conv - 1};
+        if (ssm.shape() != es)
+            throw shape_error("mamba2_state: ssm expected shape " + shape_string(es) + ", found " + shape_string(ssm.shape()));
+        if (conv.shape() != ec)
+            throw shape_error("mamba2_state: conv expected shape " + shape_string(ec) + ", found " + shape_string(conv.shape()));
+    }
+
+private:
+    void check(std::int64_t i, const char* what) const {
+        if (i < 0 || i >= n_slots())
+            throw shape_error(std::string("mamba2_state::") + what + ": slot " + std::to_string(i) + " outside [0, " +
+                              std::to_string(n_slots()) + ")");
+    }
+};
+
+/// One Mamba-2 layer (spec.md §3.2). Thread-safe for concurrent calls on distinct states.
+class mamba2 {
+public:
+    using config_type = mamba2_config;
+    using weights_type = mamba2_weights;
+    using state_type = mamba2_state;
+
+    /// Validates both (config_error / shape_error).
+    mamba2(mamba2_config cfg, mamba2_weights w) : cfg_(cfg), w_(std::move(w)) {
+        cfg_.validate();
+        w_.validate(cfg_);
+        A_.resize(static_cast<std::size_t>(cfg_.n_heads));
+        for (std::int64_t h = 0; h < cfg_.n_heads; ++h) A_[h] = -std::exp(w_.A_log[h]);
+    }
+
+    const mamba2_config& config() const noexcept { return cfg_; }
+    const mamba2_weights& weights() const noexcept { return w_; }
+    /// A zeroed state with n_slots slots.
+    mamba2_state make_state(std::int64_t n_slots) const { return mamba2_state(cfg_, n_slots); }
+
+    /// Any token counts (chunked prefill; dispatches to the step path when every sequence has one token).
+    /// x [n_rows, d] fp32, y [n_rows, d] fp32 (rows outside valid sequences are zeroed). The state is read and
+    /// updated at each sequence's slot (slot −1: zero output, no state touched). Throws shape_error on shape,
+    /// slot or state mismatches.
+    template <cpu_backend_type B>
+    void forward(const B& be, mamba2_state& st, const seq_batch& batch, tensor_view<const float, 2> x,
+                 tensor_view<float, 2> y) const {
+        run(be, st, batch, x, y, batch.n_seq() > 0 && batch.is_decode());
+    }
+
+    /// Decode step: every sequence must hold exactly one token (shape_error otherwise). Shapes as forward.
+    template <cpu_backend_type B>
+    void step(const B& be, mamba2_state& st, const seq_batch& batch, tensor_view<const float, 2> x,
+              tensor_view<float, 2> y) const {
+        for (std::int64_t i = 0; i < batch.n_seq(); ++i)
+            if (batch.lengths[i] != 1)
+                throw shape_error("mamba2::step: sequence " + std::to_string(i) + " has " + std::to_string(batch.lengths[i]) +
+                                  " tokens, a decode step takes exactly 1 per sequence");
+        run(be, st, batch, x, y, true);
+    }
+
+private:
+    /// Per-thread scratch reused across calls (fresh pages cost ~10% of a long prefill in page faults). It grows
+    /// to the largest call seen on the thread; a re-entrant call on the same thread gets its own allocation.
+    class scratch {
+    public:
+        explicit scratch(std::size_t n) {
+            auto& ws = tls();
+            if (!ws.in_use) {
+                ws.in_use = true;
+                if (ws.buf.size() < n) ws.buf = std::vector<float>(n);
+                data_ = ws.buf.data();
+                owner_ = &ws;
+            } else {
+                own_ = std::make_unique_for_overwrite<float[]>(std::max<std::size_t>(n, 1));
+                data_ = own_.get();
+            }
+        }
+        ~scratch() {
+            if (owner_) owner_->in_use = false;
+        }
+        scratch(const scratch&) = delete;
+        scratch& operator=(const scratch&) = delete;
+        /// Carves n floats (64-byte aligned offsets) off the front.
+        float* take(std::size_t n) {
+            float* p = data_ + used_;
+            used_ += (n + 15) / 16 * 16;
+            return p;
+        }
+        static std::size_t rounded(std::size_t n) { return (n + 15) / 16 * 16; }
+        static void release() {
+            auto& ws = tls();
+            if (!ws.in_use) std::vector<float>().swap(ws.buf);
+        }
+
+    private:
+        struct per_thread {
+            std::vector<float> buf;
+            bool in_use = false;
+        };
+        static per_thread& tls() {
+            thread_local per_thread ws;
+            return ws;
+        }
+        per_thread* owner_ = nullptr;
+        std::unique_ptr<float[]> own_;
+        float* data_ = nullptr;
+        std::size_t used_ = 0;
+    };
+
+    template <cpu_backend_type B>
+    void run(const B& be, mamba2_state& st, const seq_batch& batch, tensor_view<const float, 2> x,
+             tensor_view<float, 2> y, bool decode) const {
+        const std::int64_t d = cfg_.d_model, di = cfg_.d_inner(), H = cfg_.n_heads, P = cfg_.head_dim, G = cfg_.n_groups,
+                           N = cfg_.d_state, K = cfg_.d_conv, cd = cfg_.conv_dim(), np = cfg_.d_in_proj();
+        x.require_shape({batch.n_rows, d}, "mamba2: x");
+        y.require_shape({batch.n_rows, d}, "mamba2: y");
+        if (x.strides[1] != 1 || y.strides[1] != 1) throw shape_error("mamba2: x and y need unit inner stride");
+        st.validate(cfg_);
+        batch.validate(st.n_slots());
+
+        // Valid sequences, packed into rows [0, Rp) of the work buffers.
+        struct item {
+            std::int64_t src, packed, len, slot;
+        };
+        std::vector<item> items;
+        std::int64_t Rp = 0;
+        for (std::int64_t i = 0; i < batch.n_seq(); ++i)
+            if (batch.slots[i] >= 0 && batch.lengths[i] > 0) {
+                items.push_back({batch.starts[i], Rp, batch.lengths[i], batch.slots[i]});
+                Rp += batch.lengths[i];
+            }
+        // When the valid sequences already tile all rows in order, x and y are used in place (no gather/scatter).
+        bool in_place = Rp == batch.n_rows;
+        for (const auto& it : items) in_place = in_place && it.src == it.packed;
+        if (!in_place)
+            for (std::int64_t r = 0; r < y.dim(0); ++r) std::fill_n(&y(r, 0), d, 0.0f);
+        if (Rp == 0) return;
+        const auto n_items = static_cast<std::int64_t>(items.size());
+
+        const auto sz = [](std::int64_t n) { return scratch::rounded(static_cast<std::size_t>(n)); };
+        scratch ws((in_place ? 0 : sz(Rp * d) * 2) + sz(Rp * np) + sz(Rp * cd) + sz(Rp * H) + sz(Rp * di));
+        tensor_view<const float, 2> xin = x;  // [Rp, d]
+        tensor_view<float, 2> yout = y;       // [Rp, d]
+        if (!in_place) {
+            float* xp = ws.take(std::size_t(Rp * d));
+            for (const auto& it : items)
+                for (std::int64_t t = 0; t < it.len; ++t) std::copy_n(&x(it.src + t, 0), d, xp + (it.packed + t) * d);
+            xin = tensor_view<const float, 2>(xp, {Rp, d});
+            yout = tensor_view<float, 2>(ws.take(std::size_t(Rp * d)), {Rp, d});
+        }
+
+        // 1. zxbcdt = x W_inᵀ  [Rp, 2·d_inner + 2GN + H] = [z | xBC | dt]
+        float* zx = ws.take(std::size_t(Rp * np));
+        tensor_view<float, 2> zxv(zx, {Rp, np});
+        kernels::linear(be, xin, w_.in_proj.view<2>(),
+                        cfg_.proj_bias ? w_.in_proj_bias.data() : nullptr, zxv);
+
+        // 2. xBC ← silu(conv(xBC) + b), per (sequence, channel block); the conv state slot is updated.
+        float* xbc = ws.take(std::size_t(Rp * cd));
+        const std::int64_t cblk = 128, n_cblk = (cd + cblk - 1) / cblk;
+        be.parallel_for(n_items * n_cblk, 1, [&](std::int64_t i0, std::int64_t i1) {
+            for (std::int64_t i = i0; i < i1; ++i) {
+                const auto& it = items[i / n_cblk];
+                const std::int64_t c0 = (i % n_cblk) * cblk, cn = std::min(cblk, cd - c0);
+                tensor_view<const float, 2> in(zx + it.packed * np + di + c0, {it.len, cn}, {np, 1});
+                tensor_view<const float, 2> wv(w_.conv1d_weight.data() + c0 * K, {cn, K});
+                tensor_view<float, 2> out(xbc + it.packed * cd + c0, {it.len, cn}, {cd, 1});
+                kernels::causal_conv1d<float>(in, wv, cfg_.conv_bias ? w_.conv1d_bias.data() + c0 : nullptr,
+                                              st.conv_slot(it.slot) + c0 * (K - 1), kernels::conv_activation::silu, out);
+            }
+        });
+
+        // 3. Δ = clamp(softplus(dt + dt_bias), lo, hi)  [Rp, H]
+        float* dtv = ws.take(std::size_t(Rp * H));
+        for (std::int64_t r = 0; r < Rp; ++r)
+            for (std::int64_t h = 0; h < H; ++h)
+                dtv[r * H + h] = std::clamp(softplus(zx[r * np + np - H + h] + w_.dt_bias[h]), cfg_.dt_limit.lo, cfg_.dt_limit.hi);
+
+        // 4. SSD (+ D x)  → ys [Rp, H, P]
+        kernels::ssd_inputs<float> in;
+        in.x = tensor_view<const float, 3>(xbc, {Rp, H, P}, {cd, P, 1});
+        in.dt = tensor_view<const float, 2>(dtv, {Rp, H});
+        in.A = A_.data();
+        in.B = tensor_view<const float, 3>(xbc + di, {Rp, G, N}, {cd, N, 1});
+        in.C = tensor_view<const float, 3>(xbc + di + G * N, {Rp, G, N}, {cd, N, 1});
+        in.D = w_.D.data();
+        in.D_per_channel = cfg_.D_has_hdim;
+        std::vector<kernels::ssd_sequence<float>> seqs;
+        for (const auto& it : items) seqs.push_back({it.packed, it.len, st.ssm_slot(it.slot)});
+        float* ys = ws.take(std::size_t(Rp * di));
+        tensor_view<float, 3> ysv(ys, {Rp, H, P});
+        if (decode)
+            kernels::ssd_step(be, in, std::span<const kernels::ssd_sequence<float>>(seqs), ysv);
+        else
+            kernels::ssd_chunked(be, in, std::span<const kernels::ssd_sequence<float>>(seqs), cfg_.chunk_size, ysv);
+
+        // 5. gated RMSNorm (gate then norm, per group), in place on ys.
+        const std::int64_t gs = cfg_.group_size();
+        be.parallel_for(Rp, 32, [&](std::int64_t r0, std::int64_t r1) {
+            tensor_view<const float, 2> yv(ys + r0 * di, {r1 - r0, di});
+            tensor_view<const float, 2> zv(zx + r0 * np, {r1 - r0, di}, {np, 1});
+            tensor_view<float, 2> ov(ys + r0 * di, {r1 - r0, di});
+            kernels::gated_rms_norm<float>(yv, zv, w_.norm_weight.data(), di, gs, kernels::gate_order::gate_then_norm,
+                                           cfg_.norm_eps, ov);
+        });
+
+        // 6. out = y' W_outᵀ, scattered back to the caller's rows.
+        kernels::linear(be, tensor_view<const float, 2>(ys, {Rp, di}), w_.out_proj.view<2>(),
+                        cfg_.proj_bias ? w_.out_proj_bias.data() : nullptr, yout);
+        if (!in_place)
+            for (const auto& it : items)
+                for (std::int64_t t = 0; t < it.len; ++t) std::copy_n(&yout(it.packed + t, 0), d, &y(it.src + t, 0));
+    }
+
+public:
+    /// Frees the calling thread's reusable scratch (it otherwise keeps the size of the largest call seen).
+    static void release_scratch() { scratch::release(); }
+
+private:
+    mamba2_config cfg_;
+    mamba2_weights w_;
+    std::vector<float> A_;  // [H] A = −exp(A_log), fp32
+};
+
+static_assert(mixer<mamba2, cpu_backend>);
+
+/// fp64 state of one sequence for mamba2_reference: ssm [H, P, N], conv [conv_dim, K − 1] (same layouts as a slot).
+struct mamba2_ref_state {
+    std::vector<double> ssm;
+    std::vector<double> conv;
+    explicit mamba2_ref_state(const mamba2_config& cfg)
+        : ssm(static_cast<std::size_t>(cfg.n_heads * cfg.head_dim * cfg.d_state), 0.0),
+          conv(static_cast<std::size_t>(cfg.conv_dim() * (cfg.d_conv - 1)), 0.0) {}
+};
+
+/// The whole layer in double precision, token by token, as written in spec.md §3.2 / §3.4: one sequence,
+/// x [T, d] row-major, returns y [T, d]; `st` is updated to the state after the last token.
+/// Throws shape_error when x.size() != T·d or the state sizes do not match.
+inline std::vector<double> mamba2_reference(const mamba2_config& cfg, const mamba2_weights& w, std::span<const double> x,
+                                            std::int64_t T, mamba2_ref_state& st) {
+    const std::int64_t d = cfg.d_model, di = cfg.d_inner(), H = cfg.n_heads, P = cfg.head_dim, G = cfg.n_groups,
+                       N = cfg.d_state, K = cfg.d_conv, cd = cfg.conv_dim(), np = cfg.d_in_proj();
+    if (static_cast<std::int64_t>(x.size()) != T * d)
+        throw shape_error("mamba2_reference: x has " + std::to_string(x.size()) + " values, expected T*d = " + std::to_string(T * d));
+    if (static_cast<std::int64_t>(st.ssm.size()) != H * P * N || static_cast<std::int64_t>(st.conv.size()) != cd * (K - 1))
+        throw shape_error("mamba2_reference: state sizes do not match the config");
+    std::vector<double> y(static_cast<std::size_t>(T * d), 0.0), zxbcdt(np), xbc(cd), ys(di), u(di);
+    for (std::int64_t t = 0; t < T; ++t) {
+        const double* xt = x.data() + t * d;
+        for (std::int64_t o = 0; o < np; ++o) {
+            double acc = cfg.proj_bias ? w.in_proj_bias[o] : 0.0;
+            for (std::int64_t i = 0; i < d; ++i) acc += double(w.in_proj[o * d + i]) * xt[i];
+            zxbcdt[o] = acc;
+        }
+        const double* z = zxbcdt.data();
+        const double* xbc_in = zxbcdt.data() + di;
+        const double* dt_raw = zxbcdt.data() + di + cd;
+        // conv step over the window [state | current]
+        for (std::int64_t c = 0; c < cd; ++c) {
+            double* s = st.conv.data() + c * (K - 1);
+            double acc = cfg.conv_bias ? w.conv1d_bias[c] : 0.0;
+            for (std::int64_t j = 0; j < K - 1; ++j) acc += double(w.conv1d_weight[c * K + j]) * s[j];
+            acc += double(w.conv1d_weight[c * K + K - 1]) * xbc_in[c];
+            for (std::int64_t j = 0; j + 1 < K - 1; ++j) s[j] = s[j + 1];
+            if (K > 1) s[K - 2] = xbc_in[c];
+            xbc[c] = silu(acc);
+        }
+        const double* xs = xbc.data();
+        const double* Bt = xbc.data() + di;
+        const double* Ct = xbc.data() + di + G * N;
+        for (std::int64_t h = 0; h < H; ++h) {
+            const std::int64_t g = h / (H / G);
+            const double delta = std::clamp(softplus(dt_raw[h] + double(w.dt_bias[h])), double(cfg.dt_limit.lo), double(cfg.dt_limit.hi));
+            const double dA = std::exp(delta * -std::exp(double(w.A_log[h])));
+            for (std::int64_t p = 0; p < P; ++p) {
+                double* s = st.ssm.data() + (h * P + p) * N;
+                const double xv = xs[h * P + p];
+                double acc = 0;
+                for (std::int64_t n = 0; n < N; ++n) {
+                    s[n] = dA * s[n] + delta * xv * Bt[g * N + n];
+                    acc += s[n] * Ct[g * N + n];
+                }
+                const double Dv = cfg.D_has_hdim ? w.D[h * P + p] : w.D[h];
+                ys[h * P + p] = acc + Dv * xv;
+            }
+        }
+        // gated norm, gate then norm, per group
+        const std::int64_t gs = cfg.group_size();
+        for (std::int64_t i = 0; i < di; ++i) u[i] = ys[i] * silu(z[i]);
+        for (std::int64_t g0 = 0; g0 < di; g0 += gs) {
+            double ss = 0;
+            for (std::int64_t i = g0; i < g0 + gs; ++i) ss += u[i] * u[i];
+            const double r = 1.0 / std::sqrt(ss / double(gs) + double(cfg.norm_eps));
+            for (std::int64_t i = g0; i < g0 + gs; ++i) u[i] = double(w.norm_weight[i]) * u[i] * r;
+        }
+        for (std::int64_t o = 0; o < d; ++o) {
+            double acc = cfg.proj_bias ? w.out_proj_bias[o] : 0.0;
+            for (std::int64_t i = 0; i < di; ++i) acc += double(w.out_proj[o * di + i]) * u[i];
+            y[t * d + o] = acc;
+        }
+    }
+    return y;
+}
+
+}  // namespace hymix

@@ -1,0 +1,169 @@
+// Run-time facade over the compiled stacks: `auto_model::load(dir)` reads config.json, picks the stack type for
+// the checkpoint family (HF Mamba2ForCausalLM, Qwen3_5ForCausalLM text models; spec.md §3.7, §4.7) and hides it
+// behind one API (pimpl: a small virtual interface over `model<...>` instances and their caches).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hymix/backend/cpu.hpp"
+#include "hymix/core/error.hpp"
+#include "hymix/core/seq_batch.hpp"
+#include "hymix/core/tensor.hpp"
+#include "hymix/gate/fixed_schedule.hpp"
+#include "hymix/models/checkpoint.hpp"
+#include "hymix/models/hf_mamba2.hpp"
+#include "hymix/models/hf_qwen3_5.hpp"
+
+namespace hymix {
+
+/// What a loaded model is.
+struct model_info {
+    std::string architecture, model_type;
+    std::int64_t n_params = 0, n_layers = 0, d_model = 0, vocab_size = 0;
+    std::vector<std::string> layer_kinds;  // "mamba2" | "gated_deltanet" | "attention" per layer
+    std::string schedule;                  // compact, e.g. "GGAGGA"
+};
+
+namespace detail {
+
+struct any_cache {
+    virtual ~any_cache() = default;
+    const void* owner = nullptr;  // the stack that made it
+};
+
+struct any_stack {
+    virtual ~any_stack() = default;
+    virtual std::unique_ptr<any_cache> make_cache(std::int64_t n_slots) const = 0;
+    virtual void reset_slot(any_cache&, std::int64_t) const = 0;
+    virtual void copy_slot(any_cache&, std::int64_t, std::int64_t) const = 0;
+    virtual void forward(const cpu_backend&, any_cache&, const seq_batch&, std::span<const std::int32_t>,
+                         tensor_view<float, 2>, bool last_only) const = 0;
+};
+
+template <class Stack>
+struct stack_holder final : any_stack {
+    struct cache_holder final : any_cache {
+        typename Stack::cache_type c;
+    };
+    Stack m;
+    explicit stack_holder(Stack s) : m(std::move(s)) {}
+
+    cache_holder& get(any_cache& c) const {
+        if (c.owner != this) throw value_error("auto_model: the cache was made by another model (or moved from)");
+        return static_cast<cache_holder&>(c);
+    }
+    std::unique_ptr<any_cache> make_cache(std::int64_t n) const override {
+        auto h = std::make_unique<cache_holder>();
+        h->c = m.make_cache(n);
+        h->owner = this;
+        return h;
+    }
+    void reset_slot(any_cache& c, std::int64_t s) const override { get(c).c.reset_slot(s); }
+    void copy_slot(any_cache& c, std::int64_t f, std::int64_t t) const override { get(c).c.copy_slot(f, t); }
+    void forward(const cpu_backend& be, any_cache& c, const seq_batch& b, std::span<const std::int32_t> tok,
+                 tensor_view<float, 2> logits, bool last_only) const override {
+        if (last_only)
+            m.forward_last(be, get(c).c, b, tok, logits);
+        else
+            m.forward(be, get(c).c, b, tok, logits);
+    }
+};
+
+template <class Stack>
+std::unique_ptr<any_stack> hold(Stack s, model_info& info) {
+    info.n_layers = s.n_layers();
+    info.d_model = s.config().d_model;
+    info.vocab_size = s.config().vocab_size;
+    for (auto k : s.layer_kinds()) info.layer_kinds.emplace_back(layer_kind_name(k));
+    info.schedule = schedule_string(s.layer_kinds());
+    return std::make_unique<stack_holder<Stack>>(std::move(s));
+}
+
+}  // namespace detail
+
+/// A checkpoint loaded into the compiled stack for its family, with a CPU backend of its own.
+class auto_model {
+public:
+    /// Opaque per-model cache of every layer's state for n_slots sequences (and the activation workspace).
+    class cache {
+    public:
+        cache() = default;
+        cache(cache&&) noexcept = default;
+        cache& operator=(cache&&) noexcept = default;
+
+    private:
+        friend class auto_model;
+        explicit cache(std::unique_ptr<detail::any_cache> p) : p_(std::move(p)) {}
+        std::unique_ptr<detail::any_cache> p_;
+    };
+
+    /// Loads `dir` (config.json + model.safetensors or model.safetensors.index.json; f32/bf16/f16 weights, kept in
+    /// fp32). threads 0 = every core. Throws io_error (missing files), format_error (malformed files, missing or
+    /// extra tensors), shape_error (a tensor's shape, named with expected and found), config_error (unsupported
+    /// model_type or setting).
+    static auto_model load(const std::filesystem::path& dir, int threads = 0) {
+        models::checkpoint_reader rd(dir);
+        const auto& j = rd.config();
+        auto_model am;
+        am.be_ = std::make_unique<cpu_backend>(threads);
+        am.info_.model_type = io::require<std::string>(j, "model_type", rd.config_path());
+        const auto& mt = am.info_.model_type;
+        if (mt == "mamba2") {
+            am.info_.architecture = models::config_architecture(j, "Mamba2ForCausalLM");
+            am.impl_ = detail::hold(models::load_hf_mamba2<models::hf_mamba2_stack>(rd), am.info_);
+        } else if (mt == "qwen3_5_text" || mt == "qwen3_5") {
+            am.info_.architecture = models::config_architecture(j, "Qwen3_5ForCausalLM");
+            const auto c = models::read_hf_qwen3_5_config(j, rd.config_path());
+            bool all_gdn = true;
+            for (auto k : c.kinds) all_gdn = all_gdn && k == layer_kind::gated_deltanet;
+            if (all_gdn)
+                am.impl_ = detail::hold(models::load_hf_qwen3_5<models::qwen3_5_gdn_stack>(rd), am.info_);
+            else
+                am.impl_ = detail::hold(models::load_hf_qwen3_5<models::qwen3_5_hybrid_stack>(rd), am.info_);
+        } else {
+            throw config_error(rd.config_path() + ": unsupported model_type '" + mt +
+                               "' (supported: mamba2, qwen3_5_text, qwen3_5)");
+        }
+        am.info_.n_params = rd.n_params();
+        return am;
+    }
+
+    const model_info& info() const noexcept { return info_; }
+    const cpu_backend& backend() const noexcept { return *be_; }
+
+    /// A cache with n_slots fresh sequence slots. Throws shape_error when n_slots <= 0.
+    cache make_cache(std::int64_t n_slots) const { return cache(impl_->make_cache(n_slots)); }
+    /// A fresh sequence in `slot`. Throws shape_error for a slot out of range.
+    void reset_slot(cache& c, std::int64_t slot) const { impl_->reset_slot(*checked(c), slot); }
+    /// Prompt caching: slot `to` becomes a copy of slot `from`. Throws shape_error for slots out of range.
+    void copy_slot(cache& c, std::int64_t from, std::int64_t to) const { impl_->copy_slot(*checked(c), from, to); }
+
+    /// tokens: one id per row of the batch (n_rows); logits [n_rows, V] fp32 for every row (zero for rows outside
+    /// every sequence). Throws shape_error (sizes, slots), value_error (token id outside [0, V), foreign cache).
+    void forward(cache& c, const seq_batch& b, std::span<const std::int32_t> tokens, tensor_view<float, 2> logits) const {
+        impl_->forward(*be_, *checked(c), b, tokens, logits, false);
+    }
+    /// logits [n_seq, V] of each sequence's last token only (the LM head runs on n_seq rows). Errors as forward.
+    void forward_last(cache& c, const seq_batch& b, std::span<const std::int32_t> tokens, tensor_view<float, 2> logits) const {
+        impl_->forward(*be_, *checked(c), b, tokens, logits, true);
+    }
+
+private:
+    auto_model() = default;
+    static detail::any_cache* checked(cache& c) {
+        if (!c.p_) throw value_error("auto_model: empty (default-constructed or moved-from) cache");
+        return c.p_.get();
+    }
+
+    model_info info_;
+    std::unique_ptr<cpu_backend> be_;
+    std::unique_ptr<detail::any_stack> impl_;
+};
+
+}  // namespace hymix

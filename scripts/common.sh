@@ -1,0 +1,64 @@
+# Shared helpers for scripts/run.sh and scripts/test.sh (sourced, not run). Builds go through the presets
+# of CMakePresets.json (build/<preset>); set BUILD_ROOT to put every build directory under another folder
+# instead (BUILD_ROOT/<preset>), e.g. to test the scripts without touching build/.
+# shellcheck shell=bash
+
+HYMIX_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+JOBS=${JOBS:-2}
+BUILD_ROOT=${BUILD_ROOT:-}
+if [ -n "$BUILD_ROOT" ]; then
+    BUILD_ROOT=$(mkdir -p "$BUILD_ROOT" && cd "$BUILD_ROOT" && pwd)
+fi
+
+# Build directory of a preset.
+preset_dir() {
+    if [ -n "$BUILD_ROOT" ]; then echo "$BUILD_ROOT/$1"; else echo "$HYMIX_ROOT/build/$1"; fi
+}
+
+# Configure preset $1 (extra arguments go to cmake).
+preset_configure() {
+    local p=$1
+    shift
+    if [ -n "$BUILD_ROOT" ]; then
+        cmake --preset "$p" -B "$BUILD_ROOT/$p" "$@"
+    else
+        cmake --preset "$p" "$@"
+    fi
+}
+
+# Build preset $1 (extra arguments, e.g. --target X, go to cmake --build). Ninja keeps going after a failed
+# target (-k 0), so one broken test does not hide the others; the build still fails as a whole.
+preset_build() {
+    local p=$1
+    shift
+    if [ -n "$BUILD_ROOT" ]; then
+        cmake --build "$BUILD_ROOT/$p" -j"$JOBS" "$@" -- -k 0
+    else
+        cmake --build --preset "$p" -j"$JOBS" "$@" -- -k 0
+    fi
+}
+
+# Run preset $1's tests with ctest (the test preset sets output-on-failure and the sanitizer options). With
+# BUILD_ROOT, ctest runs without the preset (a test preset always uses its configure preset's directory), so
+# the settings of CMakePresets.json's test presets are repeated here: keep the two in step.
+preset_test() {
+    local p=$1
+    shift
+    if [ -z "$BUILD_ROOT" ]; then
+        ctest --preset "$p" "$@"
+        return
+    fi
+    local args=(--test-dir "$BUILD_ROOT/$p" --output-on-failure --no-tests=error)
+    if [ "$p" = sanitize ]; then
+        args+=(--label-exclude '^(headers|failtest|package)$')
+        ASAN_OPTIONS=halt_on_error=1:abort_on_error=1:detect_leaks=1:detect_stack_use_after_return=1:strict_init_order=1:check_initialization_order=1 \
+            UBSAN_OPTIONS=halt_on_error=1:abort_on_error=1:print_stacktrace=1 \
+            ctest "${args[@]}" "$@"
+    else
+        ctest "${args[@]}" "$@"
+    fi
+}
+
+stage() {
+    printf '\n==== %s ====\n' "$*"
+}

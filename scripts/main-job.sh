@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The main job: run the `hymix` tool on real text — the King James Version printed by Debian's bible-kjv —
+# with a pretrained checkpoint: model summary, held-out bits/byte, and a streamed greedy continuation.
+#   scripts/main-job.sh [BUILD_DIR] [MODEL_DIR]
+# The model is MODEL_DIR, else $HYMIX_MODEL, else the embedded default ../shared/models/kjv-hybrid-byte.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build_dir=${1:-build/release}
+model=${2:-${HYMIX_MODEL:-}}
+tool="$build_dir/examples/tool/hymix"
+[ -x "$tool" ] || { echo "main-job: $tool is not built; run scripts/run.sh" >&2; exit 1; }
+
+# Real text: the KJV from bible-kjv (the same bytes as ../shared/data/kjv.txt; sha256 checked).
+text="$build_dir/kjv.txt"
+if [ ! -s "$text" ]; then
+    command -v bible >/dev/null || { echo "main-job: the 'bible' program is missing: apt-get install bible-kjv" >&2; exit 1; }
+    bible "gen1:1-rev22:21" >"$text.part" && mv "$text.part" "$text"
+fi
+expected=82fa5f3788c6a9a010fb128a0f0bf588984b5888a82058520620eded59b033ea
+if [ "$(sha256sum "$text" | cut -d' ' -f1)" != "$expected" ]; then
+    echo "main-job: warning: $text differs from the KJV text the shared models were trained on (sha256)" >&2
+fi
+
+if [ -z "$model" ] && [ -f ../shared/models/kjv-hybrid-byte/config.json ]; then
+    model=../shared/models/kjv-hybrid-byte
+fi
+if [ -z "$model" ]; then
+    cat >&2 <<'MSG'
+main-job: no checkpoint given, and the default ../shared/models/kjv-hybrid-byte is not present.
+Point the job at a Hugging Face checkpoint directory (config.json + model.safetensors) of a supported
+architecture (Mamba2ForCausalLM, Qwen3_5ForCausalLM text models), with byte-level tokens:
+    scripts/run.sh /path/to/checkpoint        or        HYMIX_MODEL=/path/to/checkpoint scripts/run.sh
+MSG
+    exit 2
+fi
+
+echo "== hymix info"
+"$tool" info --model "$model"
+echo
+echo "== hymix score: held-out KJV bytes [4083327, +131072), window 512 (README of shared/models gives the reference)"
+"$tool" score --model "$model" --text "$text" --offset 4083327 --bytes 131072 --window 512
+echo
+echo "== hymix generate: greedy continuation of a held-out verse"
+"$tool" generate --model "$model" --prompt "$(tail -c +4083328 "$text" | head -c 64)" --max-new 160 --temperature 0

@@ -1,0 +1,298 @@
+// Attention kernels (spec.md §2, invariants 21, 22): tiled prefill and split-K decode vs the fp64 reference with a
+// materialised mask — odd sizes, n_past (bottom-right alignment), GQA/MQA, sliding windows, fully masked rows and
+// tiles, finite LSE, causality, batch independence, bad arguments.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "hymix/backend/cpu.hpp"
+#include "hymix/kernels/attention.hpp"
+#include "support/random.hpp"
+
+using namespace hymix;
+using kernels::attention_params;
+using kernels::attention_problem;
+
+namespace {
+
+/// Owns the tensors of one problem, in fp32 and as an fp64 copy for the reference.
+struct case_data {
+    std::int64_t Tq, Tk, H, Hkv, dh;
+    std::vector<float> q, k, v, o, lse;
+    std::vector<double> qd, kd, vd, od, lsed;
+
+    case_data(std::int64_t Tq_, std::int64_t Tk_, std::int64_t H_, std::int64_t Hkv_, std::int64_t dh_, std::uint64_t seed,
+              float amp = 1.f)
+        : Tq(Tq_), Tk(Tk_), H(H_), Hkv(Hkv_), dh(dh_) {
+        q = test::uniform(static_cast<std::size_t>(Tq * H * dh), -amp, amp, seed);
+        k = test::uniform(static_cast<std::size_t>(Tk * Hkv * dh), -amp, amp, seed + 1);
+        v = test::uniform(static_cast<std::size_t>(Tk * Hkv * dh), -1.f, 1.f, seed + 2);
+        o.assign(static_cast<std::size_t>(Tq * H * dh), 123.f);  // garbage: the kernel must overwrite every entry
+        lse.assign(static_cast<std::size_t>(Tq * H), 123.f);
+        sync();
+    }
+    void sync() {
+        qd.assign(q.begin(), q.end());
+        kd.assign(k.begin(), k.end());
+        vd.assign(v.begin(), v.end());
+        od.assign(o.size(), 0.0);
+        lsed.assign(lse.size(), 0.0);
+    }
+    attention_problem<float> problem() {
+        return {tensor_view<const float, 3>(q.data(), {Tq, H, dh}), tensor_view<const float, 3>(k.data(), {Tk, Hkv, dh}),
+                tensor_view<const float, 3>(v.data(), {Tk, Hkv, dh}), tensor_view<float, 3>(o.data(), {Tq, H, dh}),
+                tensor_view<float, 2>(lse.data(), {Tq, H})};
+    }
+    void run_ref(const attention_params& prm) {
+        sync();
+        attention_problem<double> p{tensor_view<const double, 3>(qd.data(), {Tq, H, dh}),
+                                    tensor_view<const double, 3>(kd.data(), {Tk, Hkv, dh}),
+                                    tensor_view<const double, 3>(vd.data(), {Tk, Hkv, dh}), tensor_view<double, 3>(od.data(), {Tq, H, dh}),
+                                    tensor_view<double, 2>(lsed.data(), {Tq, H})};
+        kernels::attention_ref(p, prm);
+    }
+    /// Relative error of the finite LSE entries; checks −∞ entries agree exactly.
+    double lse_error() const {
+        std::vector<float> a;
+        std::vector<double> b;
+        for (std::size_t i = 0; i < lse.size(); ++i) {
+            if (std::isinf(lsed[i])) {
+                CHECK(lse[i] == -std::numeric_limits<float>::infinity());
+                continue;
+            }
+            a.push_back(lse[i]);
+            b.push_back(lsed[i]);
+        }
+        return a.empty() ? 0.0 : test::rel_error(a, b);
+    }
+};
+
+void run_prefill(const cpu_backend& be, case_data& c, const attention_params& prm) {
+    const auto p = c.problem();
+    kernels::attention_prefill(be, std::span<const attention_problem<float>>(&p, 1), prm);
+}
+void run_decode(const cpu_backend& be, case_data& c, const attention_params& prm) {
+    const auto p = c.problem();
+    kernels::attention_decode(be, std::span<const attention_problem<float>>(&p, 1), prm);
+}
+
+}  // namespace
+
+TEST_CASE("attention prefill vs fp64 reference: odd sizes, n_past, GQA/MQA, windows") {
+    const cpu_backend be(2);
+    struct shape {
+        std::int64_t Tq, Tk, H, Hkv, dh, window;
+    };
+    const shape shapes[] = {
+        {77, 77, 4, 2, 24, 0},    // crosses a query tile; GQA 2:1
+        {300, 300, 3, 1, 16, 0},  // crosses a key tile (256); MQA
+        {37, 300, 2, 2, 20, 0},   // n_past = 263, bottom-right mask
+        {1, 129, 2, 1, 8, 0},     // one query through the tiled path
+        {150, 150, 2, 2, 12, 50}, // sliding window: early key tiles fully masked for late rows
+        {70, 600, 2, 1, 16, 3},   // window 3 with a long past: only a sliver of one key tile visible
+        {65, 65, 1, 1, 5, 1},     // window 1: each row sees only itself
+        {3, 5, 2, 2, 64, 0},
+    };
+    for (const auto& s : shapes) {
+        CAPTURE(s.Tq);
+        CAPTURE(s.Tk);
+        CAPTURE(s.window);
+        case_data c(s.Tq, s.Tk, s.H, s.Hkv, s.dh, 100 + static_cast<std::uint64_t>(s.Tq * 7 + s.Tk));
+        const attention_params prm{0.0, s.window};
+        run_prefill(be, c, prm);
+        c.run_ref(prm);
+        CHECK(test::rel_error(c.o, c.od) < 2e-6);
+        CHECK(c.lse_error() < 1e-6);
+    }
+}
+
+TEST_CASE("attention: explicit scale, window 1 gives o = v of the same token and LSE = the one score") {
+    const cpu_backend be(1);
+    case_data c(40, 40, 2, 1, 8, 9);
+    run_prefill(be, c, {0.37, 1});
+    for (std::int64_t t = 0; t < 40; ++t)
+        for (std::int64_t h = 0; h < 2; ++h) {
+            double s = 0;
+            for (std::int64_t ch = 0; ch < 8; ++ch) {
+                const auto oi = static_cast<std::size_t>((t * 2 + h) * 8 + ch), vi = static_cast<std::size_t>(t * 8 + ch);
+                REQUIRE(c.o[oi] == doctest::Approx(c.v[vi]).epsilon(1e-6));
+                s += static_cast<double>(c.q[oi]) * c.k[vi];
+            }
+            REQUIRE(c.lse[static_cast<std::size_t>(t * 2 + h)] == doctest::Approx(0.37 * s).epsilon(1e-5));
+        }
+}
+
+TEST_CASE("attention: rows with no visible key return 0 and LSE -inf (Tk < Tq); no NaN anywhere") {
+    const cpu_backend be(2);
+    case_data c(100, 30, 2, 2, 16, 21);  // rows 0..69 see no key
+    run_prefill(be, c, {});
+    c.run_ref({});
+    for (std::int64_t t = 0; t < 100; ++t)
+        for (std::int64_t h = 0; h < 2; ++h) {
+            const float l = c.lse[static_cast<std::size_t>(t * 2 + h)];
+            if (t < 70) {
+                CHECK(l == -std::numeric_limits<float>::infinity());
+                for (std::int64_t ch = 0; ch < 16; ++ch) CHECK(c.o[static_cast<std::size_t>((t * 2 + h) * 16 + ch)] == 0.f);
+            } else {
+                CHECK(std::isfinite(l));
+            }
+        }
+    for (float x : c.o) CHECK(std::isfinite(x));
+    CHECK(test::rel_error(c.o, c.od) < 2e-6);
+    CHECK(c.lse_error() < 1e-6);
+}
+
+TEST_CASE("attention: finite LSE for huge logits; LSE(1e4, 1e4-1) = 1e4 + log(1 + e^-1)") {
+    const cpu_backend be(1);
+    // d_h = 1, scale 1, q = 1, keys 1e4 and 1e4 - 1 (exact in fp32): the one query (bottom row) sees both.
+    case_data c(1, 2, 1, 1, 1, 1);
+    c.q = {1.f};
+    c.k = {1e4f, 1e4f - 1.f};
+    c.v = {2.f, -3.f};
+    const double want = 1e4 + std::log1p(std::exp(-1.0));
+    const double p0 = 1.0 / (1.0 + std::exp(-1.0));
+    for (int path = 0; path < 2; ++path) {
+        if (path == 0) run_prefill(be, c, {1.0, 0});
+        else run_decode(be, c, {1.0, 0});
+        CHECK(std::abs(c.lse[0] - want) <= 1e-6 * want);
+        CHECK(c.o[0] == doctest::Approx(2 * p0 - 3 * (1 - p0)).epsilon(1e-6));
+    }
+    c.run_ref({1.0, 0});
+    CHECK(std::abs(c.lsed[0] - want) <= 1e-9 * want);
+    // Large random logits (|s| up to ~1e3): no overflow, still close to the reference.
+    case_data big(90, 90, 2, 1, 16, 77, 30.f);
+    run_prefill(be, big, {});
+    big.run_ref({});
+    for (float x : big.o) REQUIRE(std::isfinite(x));
+    for (float x : big.lse) REQUIRE(std::isfinite(x));
+    CHECK(test::rel_error(big.o, big.od) < 1e-4);  // fp32 scores of magnitude ~1e3 carry ~1e-4 absolute error
+    CHECK(big.lse_error() < 1e-6);
+}
+
+TEST_CASE("attention: a fully masked key tile contributes nothing (huge values there change nothing)") {
+    const cpu_backend be(1);
+    // Window 40 at the last query rows: keys 0..255 (the first key tile) are invisible to rows >= 296.
+    case_data c(64, 360, 1, 1, 8, 5);
+    case_data d = c;
+    for (std::size_t i = 0; i < 256 * 8; ++i) {
+        d.k[i] = 1e30f;
+        d.v[i] = std::numeric_limits<float>::quiet_NaN();
+    }
+    run_prefill(be, c, {0.0, 40});
+    run_prefill(be, d, {0.0, 40});
+    CHECK(c.o == d.o);
+    CHECK(c.lse == d.lse);
+}
+
+TEST_CASE("attention: causality — changing tokens >= t0 never changes rows < t0 (bit-exact)") {
+    const cpu_backend be(2);
+    for (std::int64_t t0 : {1, 63, 64, 100, 199}) {
+        case_data a(200, 200, 2, 1, 12, 31);
+        case_data b = a;
+        for (std::int64_t t = t0; t < 200; ++t)
+            for (std::int64_t ch = 0; ch < 12; ++ch) {
+                b.k[static_cast<std::size_t>(t * 12 + ch)] += 5.f;
+                b.v[static_cast<std::size_t>(t * 12 + ch)] -= 7.f;
+                for (std::int64_t h = 0; h < 2; ++h) b.q[static_cast<std::size_t>((t * 2 + h) * 12 + ch)] *= -3.f;
+            }
+        run_prefill(be, a, {});
+        run_prefill(be, b, {});
+        CAPTURE(t0);
+        const auto n = static_cast<std::ptrdiff_t>(t0 * 2 * 12);
+        CHECK(std::equal(a.o.begin(), a.o.begin() + n, b.o.begin()));
+        CHECK(!std::equal(a.o.begin() + n, a.o.end(), b.o.begin() + n));
+    }
+}
+
+TEST_CASE("attention decode (split-K, LSE merge) vs reference and vs the tiled path") {
+    for (int threads : {1, 2}) {
+        const cpu_backend be(threads);
+        struct shape {
+            std::int64_t Tk, H, Hkv, dh, window;
+        };
+        const shape shapes[] = {{0, 2, 1, 8, 0},       {1, 4, 2, 16, 0},      {5000, 4, 2, 24, 0}, {4097, 2, 2, 64, 0},
+                                {3000, 3, 1, 17, 700}, {2500, 2, 1, 64, 1},   {700, 8, 8, 32, 0}};
+        for (const auto& s : shapes) {
+            CAPTURE(threads);
+            CAPTURE(s.Tk);
+            case_data c(1, s.Tk, s.H, s.Hkv, s.dh, 200 + static_cast<std::uint64_t>(s.Tk));
+            const attention_params prm{0.0, s.window};
+            run_decode(be, c, prm);
+            c.run_ref(prm);
+            CHECK(test::rel_error(c.o, c.od) < 2e-6);
+            CHECK(c.lse_error() < 1e-6);
+            if (s.Tk == 0)
+                for (float x : c.o) CHECK(x == 0.f);
+            case_data t = c;
+            run_prefill(be, t, prm);
+            CHECK(test::rel_error(c.o, t.o) < 2e-6);
+        }
+    }
+}
+
+TEST_CASE("attention: batches of problems equal separate calls (prefill and decode)") {
+    const cpu_backend be(2);
+    std::vector<case_data> solo, batch;
+    const std::int64_t Tq[] = {17, 1, 130, 64}, Tk[] = {17, 900, 200, 64};
+    for (int i = 0; i < 4; ++i) solo.emplace_back(Tq[i], Tk[i], 4, 2, 16, 300 + static_cast<std::uint64_t>(i) * 10);
+    batch = solo;
+    std::vector<attention_problem<float>> probs;
+    for (auto& c : batch) probs.push_back(c.problem());
+    kernels::attention_prefill(be, std::span<const attention_problem<float>>(probs), {});
+    for (std::size_t i = 0; i < solo.size(); ++i) {
+        run_prefill(be, solo[i], {});
+        CHECK(solo[i].o == batch[i].o);
+        CHECK(solo[i].lse == batch[i].lse);
+    }
+    // Decode: single-row problems with very different cache lengths.
+    std::vector<case_data> ds, db;
+    const std::int64_t dk[] = {3, 5000, 1, 2049, 0};
+    for (int i = 0; i < 5; ++i) ds.emplace_back(1, dk[i], 4, 1, 32, 400 + static_cast<std::uint64_t>(i));
+    db = ds;
+    probs.clear();
+    for (auto& c : db) probs.push_back(c.problem());
+    kernels::attention_decode(be, std::span<const attention_problem<float>>(probs), {});
+    for (std::size_t i = 0; i < ds.size(); ++i) {
+        run_decode(be, ds[i], {});
+        ds[i].run_ref({});
+        CHECK(test::rel_error(db[i].o, ds[i].od) < 2e-6);
+        CHECK(test::rel_error(db[i].o, ds[i].o) < 2e-6);  // the split count may differ with the batch
+    }
+}
+
+TEST_CASE("attention: bad arguments throw shape_error") {
+    const cpu_backend be(1);
+    case_data c(4, 4, 3, 2, 8, 1);  // 3 query heads over 2 KV heads
+    CHECK_THROWS_AS(run_prefill(be, c, {}), shape_error);
+    case_data d(4, 4, 2, 2, 8, 1);
+    auto p = d.problem();
+    p.v = tensor_view<const float, 3>(d.v.data(), {3, 2, 8});
+    CHECK_THROWS_AS(kernels::attention_prefill(be, std::span<const attention_problem<float>>(&p, 1), {}), shape_error);
+    CHECK_THROWS_AS(run_decode(be, d, {}), shape_error);  // 4 query rows given to the decode kernel
+    p = d.problem();
+    p.o = tensor_view<float, 3>(d.o.data(), {4, 2, 4});
+    CHECK_THROWS_AS(kernels::attention_prefill(be, std::span<const attention_problem<float>>(&p, 1), {}), shape_error);
+}
+
+TEST_CASE("attention: an AVX2 backend (8 lanes: other tile shapes) agrees with the reference") {
+    using avx2_backend = basic_cpu_backend<xsimd::avx2>;
+    if constexpr (xsimd::avx2::supported()) {
+        const avx2_backend be(2);
+        case_data c(45, 300, 4, 2, 20, 61);  // query tiles of 32 + 13 rows
+        const auto p = c.problem();
+        kernels::attention_prefill(be, std::span<const attention_problem<float>>(&p, 1), {0.0, 100});
+        c.run_ref({0.0, 100});
+        CHECK(test::rel_error(c.o, c.od) < 2e-6);
+        CHECK(c.lse_error() < 1e-6);
+        case_data d(1, 3000, 4, 1, 24, 62);
+        const auto pd = d.problem();
+        kernels::attention_decode(be, std::span<const attention_problem<float>>(&pd, 1), {});
+        d.run_ref({});
+        CHECK(test::rel_error(d.o, d.od) < 2e-6);
+    } else {
+        MESSAGE("SKIPPED: this build has no AVX2");
+    }
+}

@@ -1,0 +1,157 @@
+// Causal depthwise conv1d (kernels/conv1d.hpp): orientation and causality (spec.md §8 invariant 1), conv state
+// handover and split invariance (invariant 2), fp32 vs an fp64 loop reference on odd sizes and strided views.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "hymix/kernels/conv1d.hpp"
+#include "support/random.hpp"
+
+using namespace hymix;
+using hymix::test::rel_error;
+using hymix::test::uniform;
+
+namespace {
+
+/// out_t[c] = b[c] + Σ_j w[c, j] · in_{t−K+1+j}[c] over [state ; x], then optional SiLU — the formula as written.
+std::vector<double> conv_ref(const std::vector<float>& x, std::int64_t T, std::int64_t C, const std::vector<float>& w, std::int64_t K,
+                             const float* bias, const std::vector<float>& state, bool act) {
+    std::vector<double> y(std::size_t(T * C));
+    auto input = [&](std::int64_t t, std::int64_t c) -> double {  // t may be negative: from the state
+        if (t >= 0) return x[std::size_t(t * C + c)];
+        const std::int64_t col = (K - 1) + t;  // state column, oldest in column 0
+        return col >= 0 && !state.empty() ? double(state[std::size_t(c * (K - 1) + col)]) : 0.0;
+    };
+    for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t c = 0; c < C; ++c) {
+            double acc = bias ? bias[c] : 0.0;
+            for (std::int64_t j = 0; j < K; ++j) acc += double(w[std::size_t(c * K + j)]) * input(t - K + 1 + j, c);
+            y[std::size_t(t * C + c)] = act ? acc / (1.0 + std::exp(-acc)) : acc;
+        }
+    return y;
+}
+
+std::vector<float> conv(const std::vector<float>& x, std::int64_t T, std::int64_t C, const std::vector<float>& w, std::int64_t K,
+                        const float* bias, float* state, kernels::conv_activation act) {
+    std::vector<float> y(std::size_t(T * C), -9.f);
+    kernels::causal_conv1d<float>(tensor_view<const float, 2>(x.data(), {T, C}), tensor_view<const float, 2>(w.data(), {C, K}), bias,
+                                  state, act, tensor_view<float, 2>(y.data(), {T, C}));
+    return y;
+}
+
+}  // namespace
+
+TEST_CASE("conv1d orientation: impulse at t = 3 gives [0,0,0,4,3,2,1,0] (invariant 1)") {
+    const std::int64_t C = 2, K = 4, T = 8;
+    const std::vector<float> w{1, 2, 3, 4, 1, 2, 3, 4};
+    std::vector<float> x(std::size_t(T * C), 0.f);
+    x[3 * C + 0] = 1.f;
+    x[3 * C + 1] = 1.f;
+    std::vector<float> zero_state(std::size_t(C * (K - 1)), 0.f);
+    for (float* st : {static_cast<float*>(nullptr), zero_state.data()}) {
+        const auto y = conv(x, T, C, w, K, nullptr, st, kernels::conv_activation::none);
+        REQUIRE(y.size() == std::size_t(T * C));
+        const std::vector<float> want{0, 0, 0, 4, 3, 2, 1, 0};
+        for (std::int64_t t = 0; t < T; ++t)
+            for (std::int64_t c = 0; c < C; ++c) CHECK(y[std::size_t(t * C + c)] == want[std::size_t(t)]);
+    }
+}
+
+TEST_CASE("conv1d is causal: changing x[t0] never changes y[t < t0]") {
+    const std::int64_t C = 9, K = 4, T = 20;
+    const auto w = uniform(std::size_t(C * K), -1.f, 1.f, 1);
+    const auto b = uniform(std::size_t(C), -1.f, 1.f, 2);
+    auto x = uniform(std::size_t(T * C), -1.f, 1.f, 3);
+    for (std::int64_t t0 : {0, 1, 7, 19}) {
+        const auto y1 = conv(x, T, C, w, K, b.data(), nullptr, kernels::conv_activation::silu);
+        auto x2 = x;
+        for (std::int64_t c = 0; c < C; ++c) x2[std::size_t(t0 * C + c)] += 3.f;
+        const auto y2 = conv(x2, T, C, w, K, b.data(), nullptr, kernels::conv_activation::silu);
+        for (std::int64_t i = 0; i < t0 * C; ++i) CHECK(y1[std::size_t(i)] == y2[std::size_t(i)]);
+        CHECK(y1[std::size_t(t0 * C)] != y2[std::size_t(t0 * C)]);
+    }
+}
+
+TEST_CASE("conv1d state handover: [a,b,c] → [b,c,x0] → [c,x0,x1] → last three (invariant 2)") {
+    const std::int64_t C = 1, K = 4;
+    const std::vector<float> w{0.5f, -1.f, 2.f, 0.25f};
+    const float a = 10, b = 20, c = 30;
+    for (std::int64_t T : {1, 2, 3, 5}) {
+        CAPTURE(T);
+        std::vector<float> st{a, b, c};
+        std::vector<float> x(static_cast<std::size_t>(T));
+        std::iota(x.begin(), x.end(), 1.f);
+        conv(x, T, C, w, K, nullptr, st.data(), kernels::conv_activation::none);
+        std::vector<float> all{a, b, c};
+        all.insert(all.end(), x.begin(), x.end());
+        const std::vector<float> want(all.end() - 3, all.end());
+        CHECK(st == want);
+    }
+    // a 5-token input run as 1+1+3 or 2+3 equals one call (outputs and final state), with bias and SiLU
+    const std::int64_t Cn = 7, T = 5;
+    const auto wn = uniform(std::size_t(Cn * K), -1.f, 1.f, 4);
+    const auto bn = uniform(std::size_t(Cn), -1.f, 1.f, 5);
+    const auto x = uniform(std::size_t(T * Cn), -1.f, 1.f, 6);
+    const auto s0 = uniform(std::size_t(Cn * (K - 1)), -1.f, 1.f, 7);
+    auto s_one = s0;
+    const auto y_one = conv(x, T, Cn, wn, K, bn.data(), s_one.data(), kernels::conv_activation::silu);
+    const auto yref = conv_ref(x, T, Cn, wn, K, bn.data(), s0, true);
+    CHECK(rel_error(y_one, yref) < 1e-6);
+    for (const auto& splits : std::vector<std::vector<std::int64_t>>{{1, 1, 3}, {2, 3}, {4, 1}, {0, 5}}) {
+        auto s = s0;
+        std::vector<float> y;
+        std::int64_t t0 = 0;
+        for (auto len : splits) {
+            const std::vector<float> xp(x.begin() + t0 * Cn, x.begin() + (t0 + len) * Cn);
+            const auto yp = conv(xp, len, Cn, wn, K, bn.data(), s.data(), kernels::conv_activation::silu);
+            y.insert(y.end(), yp.begin(), yp.end());
+            t0 += len;
+        }
+        CHECK(y == y_one);
+        CHECK(s == s_one);
+    }
+}
+
+TEST_CASE("conv1d fp32 equals the fp64 formula on odd sizes, strided views and kernel widths 1..5") {
+    for (std::int64_t K : {1, 2, 3, 4, 5})
+        for (bool silu : {false, true}) {
+            CAPTURE(K);
+            CAPTURE(silu);
+            const std::int64_t C = 37, T = 29, ld = 50;  // x rows live in a wider matrix (row stride 50)
+            const auto w = uniform(std::size_t(C * K), -1.f, 1.f, std::uint64_t(10 + K));
+            const auto b = uniform(std::size_t(C), -1.f, 1.f, 11);
+            const auto wide = uniform(std::size_t(T * ld), -2.f, 2.f, 12);
+            std::vector<float> x(std::size_t(T * C));
+            for (std::int64_t t = 0; t < T; ++t)
+                for (std::int64_t c = 0; c < C; ++c) x[std::size_t(t * C + c)] = wide[std::size_t(t * ld + 5 + c)];
+            const auto s0 = uniform(std::size_t(C * (K - 1)), -1.f, 1.f, 13);
+            auto s = s0;
+            std::vector<float> out(std::size_t(T * ld), 0.f);
+            kernels::causal_conv1d<float>(tensor_view<const float, 2>(wide.data() + 5, {T, C}, {ld, 1}),
+                                          tensor_view<const float, 2>(w.data(), {C, K}), b.data(), s.data(),
+                                          silu ? kernels::conv_activation::silu : kernels::conv_activation::none,
+                                          tensor_view<float, 2>(out.data() + 3, {T, C}, {ld, 1}));
+            std::vector<float> y(std::size_t(T * C));
+            for (std::int64_t t = 0; t < T; ++t)
+                for (std::int64_t c = 0; c < C; ++c) y[std::size_t(t * C + c)] = out[std::size_t(t * ld + 3 + c)];
+            CHECK(rel_error(y, conv_ref(x, T, C, w, K, b.data(), s0, silu)) < 1e-6);
+            CHECK(out[0] == 0.f);  // nothing written outside the view
+            // final state = last K−1 inputs
+            for (std::int64_t c = 0; c < C; ++c)
+                for (std::int64_t j = 0; j < K - 1; ++j) CHECK(s[std::size_t(c * (K - 1) + j)] == x[std::size_t((T - K + 1 + j) * C + c)]);
+        }
+}
+
+TEST_CASE("conv1d: bad shapes throw") {
+    std::vector<float> x(12), w(12), y(12);
+    CHECK_THROWS_AS(kernels::causal_conv1d<float>(tensor_view<const float, 2>(x.data(), {4, 3}), tensor_view<const float, 2>(w.data(), {4, 3}),
+                                                  nullptr, nullptr, kernels::conv_activation::none,
+                                                  tensor_view<float, 2>(y.data(), {4, 3})),
+                    shape_error);
+    CHECK_THROWS_AS(kernels::causal_conv1d<float>(tensor_view<const float, 2>(x.data(), {4, 3}), tensor_view<const float, 2>(w.data(), {3, 4}),
+                                                  nullptr, nullptr, kernels::conv_activation::none,
+                                                  tensor_view<float, 2>(y.data(), {3, 4})),
+                    shape_error);
+}

@@ -1,0 +1,90 @@
+// Reading HF config.json for the model facades (no checkpoint files needed): Mamba-2 keys incl. time_step_limit
+// in every spelling, Qwen3.5 layer_types / full_attention_interval / rope_parameters / text_config nesting, errors.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+
+#include "hymix/models/hf_mamba2.hpp"
+#include "hymix/models/hf_qwen3_5.hpp"
+
+using namespace hymix;
+using namespace hymix::models;
+
+namespace {
+
+const std::string mamba_base = R"({"model_type": "mamba2", "hidden_size": 64, "num_heads": 4, "head_dim": 32, "expand": 2,
+  "state_size": 16, "n_groups": 1, "conv_kernel": 4, "vocab_size": 100, "num_hidden_layers": 3, "layer_norm_epsilon": 1e-5,
+  "tie_word_embeddings": true)";
+
+hf_mamba2_config mamba(const std::string& extra) {
+    return read_hf_mamba2_config(io::parse_json(mamba_base + extra + "}", "config.json"), "config.json");
+}
+
+const std::string qwen_base = R"("hidden_size": 64, "num_hidden_layers": 4, "vocab_size": 300, "intermediate_size": 96,
+  "rms_norm_eps": 1e-6, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+  "linear_value_head_dim": 8, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16)";
+
+hf_qwen3_5_config qwen(const std::string& json) { return read_hf_qwen3_5_config(io::parse_json(json, "config.json"), "config.json"); }
+
+}  // namespace
+
+TEST_CASE("HF Mamba-2 config: sizes, full-width gated norm, time_step_limit spellings") {
+    const auto a = mamba("");
+    CHECK(a.mixer.d_inner() == 128);
+    CHECK(a.mixer.norm_group_size == 128);  // HF eager path: one norm over all of d_inner
+    CHECK(a.mixer.dt_limit.lo == 0.f);
+    CHECK(std::isinf(a.mixer.dt_limit.hi));
+    CHECK(a.stack.tie_embeddings);
+    CHECK(a.n_layers == 3);
+    CHECK(a.stack.norm_eps == doctest::Approx(1e-5));
+    const auto b = mamba(R"(, "time_step_limit": [0.0, Infinity])");
+    CHECK(std::isinf(b.mixer.dt_limit.hi));
+    const auto c = mamba(R"(, "time_step_limit": [0.0, {"__float__": "Infinity"}])");
+    CHECK(std::isinf(c.mixer.dt_limit.hi));
+    const auto d = mamba(R"(, "time_step_limit": [0.01, 0.1])");
+    CHECK(d.mixer.dt_limit.lo == doctest::Approx(0.01));
+    CHECK(d.mixer.dt_limit.hi == doctest::Approx(0.1));
+    CHECK_THROWS_WITH_AS(mamba(R"(, "time_step_limit": [0.0])"), doctest::Contains("time_step_limit must hold 2 numbers"), config_error);
+    CHECK_THROWS_WITH_AS(mamba(R"(, "expand": 3)"), doctest::Contains("differs from num_heads * head_dim"), config_error);
+    CHECK_THROWS_WITH_AS(mamba(R"(, "hidden_act": "gelu")"), doctest::Contains("hidden_act 'gelu'"), config_error);
+    CHECK_THROWS_AS(read_hf_mamba2_config(io::parse_json(R"({"model_type": "mamba2", "hidden_size": 64})"), "config.json"),
+                    config_error);
+}
+
+TEST_CASE("Qwen3.5 config: layer_types, full_attention_interval, rope_parameters first, text_config") {
+    const auto a = qwen(R"({"model_type": "qwen3_5_text", )" + qwen_base +
+                        R"(, "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
+                           "rope_parameters": {"rope_theta": 5000.0, "partial_rotary_factor": 0.5}, "rope_theta": 7.0})");
+    CHECK(schedule_string(a.kinds) == "GAGA");
+    CHECK(a.prefix == "model.");
+    CHECK(a.attn.rope.theta == 5000.0);
+    CHECK(a.attn.rope.partial_rotary_factor == 0.5);
+    CHECK(a.attn.output_gate);
+    CHECK(a.attn.qk_norm.mode == qk_norm_mode::zero_centered);
+    CHECK(a.gdn.value_dim() == 32);
+    CHECK(a.gdn.norm_eps == doctest::Approx(1e-6));
+
+    const auto b = qwen(R"({"model_type": "qwen3_5_text", )" + qwen_base + R"(, "full_attention_interval": 2, "rope_theta": 7.0})");
+    CHECK(schedule_string(b.kinds) == "GAGA");
+    CHECK(b.attn.rope.theta == 7.0);
+    CHECK(b.attn.rope.partial_rotary_factor == 0.25);
+    const auto c = qwen(R"({"model_type": "qwen3_5_text", )" + qwen_base + "}");
+    CHECK(schedule_string(c.kinds) == "GGGA");  // default interval 4
+
+    const auto d = qwen(R"({"model_type": "qwen3_5", "tie_word_embeddings": true, "text_config": {)" + qwen_base + "}}");
+    CHECK(d.prefix == "model.language_model.");
+    CHECK(d.stack.tie_embeddings);
+    CHECK(d.stack.vocab_size == 300);
+
+    CHECK_THROWS_WITH_AS(qwen(R"({"model_type": "qwen3_next", )" + qwen_base + "}"), doctest::Contains("model_type 'qwen3_next'"),
+                         config_error);
+    CHECK_THROWS_WITH_AS(qwen(R"({"model_type": "qwen3_5_text", )" + qwen_base + R"(, "layer_types": ["linear_attention"]})"),
+                         doctest::Contains("layer_types lists 1 layers, num_hidden_layers is 4"), config_error);
+    CHECK_THROWS_WITH_AS(
+        qwen(R"({"model_type": "qwen3_5_text", )" + qwen_base + R"(, "layer_types": ["linear_attention", "mlp", "full_attention", "linear_attention"]})"),
+        doctest::Contains("layer_types[1] = 'mlp'"), config_error);
+    CHECK_THROWS_WITH_AS(qwen(R"({"model_type": "qwen3_5_text", )" + qwen_base + R"(, "rope_parameters": {"rope_type": "yarn"}})"),
+                         doctest::Contains("rope_type 'yarn'"), config_error);
+    CHECK_THROWS_AS(qwen(R"({"model_type": "qwen3_5"})"), config_error);
+}

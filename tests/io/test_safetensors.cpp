@@ -46,7 +46,7 @@ std::string format_error_of(const std::string& bytes, const std::string& name = 
         CHECK_MESSAGE(msg.find(p.string()) != std::string::npos, msg);  // names the file
         // the in-memory parser must agree
         std::vector<std::byte> b(bytes.size());
-        std::memcpy(b.data(), bytes.data(), bytes.size());
+        if (!bytes.empty()) std::memcpy(b.data(), bytes.data(), bytes.size());
         CHECK_THROWS_AS(st::file::from_bytes(b, "mem"), format_error);
         return msg;
     }

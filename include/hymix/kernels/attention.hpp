@@ -492,7 +492,7 @@ inline void attention_ref(const attention_problem<double>& p, const attention_pa
                 s[i * Tk + j] = visible ? scale * acc : ninf;
             }
         for (std::int64_t i = 0; i < Tq; ++i) {
-            double* si = &s[i * Tk];
+            double* si = s.data() + i * Tk;  // Tk may be 0: no element access
             const double mx = Tk > 0 ? *std::max_element(si, si + Tk) : ninf;
             for (std::int64_t c = 0; c < dh; ++c) p.o(i, h, c) = 0;
             if (mx == ninf) {

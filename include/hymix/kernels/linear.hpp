@@ -28,56 +28,63 @@ void linear_ref(tensor_view<const TX, 2> x, tensor_view<const TW, 2> w, const TW
 
 namespace detail {
 
-/// y[m, n0..n1) for all m: each block of 4 weight rows is read once and used for every m (M small).
+/// Dot products of R rows of x with C rows of w (K long), R x C results, accumulating in registers:
+/// each loaded x vector feeds C FMAs and each loaded w vector R FMAs.
+template <class Arch, int R, int C>
+inline void dot_tile(const float* const* xr, const float* const* wr, std::int64_t K, float (&out)[R][C]) {
+    using B = xsimd::batch<float, Arch>;
+    constexpr std::int64_t W = static_cast<std::int64_t>(B::size);
+    const std::int64_t Kv = K / W * W;
+    B acc[R][C];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = B(0.f);
+    for (std::int64_t k = 0; k < Kv; k += W) {
+        B wv[C];
+        for (int c = 0; c < C; ++c) wv[c] = B::load_unaligned(wr[c] + k);
+        for (int r = 0; r < R; ++r) {
+            const B xv = B::load_unaligned(xr[r] + k);
+            for (int c = 0; c < C; ++c) acc[r][c] = xsimd::fma(xv, wv[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) {
+            float s = xsimd::hadd(acc[r][c]);
+            for (std::int64_t k = Kv; k < K; ++k) s += xr[r][k] * wr[c][k];
+            out[r][c] = s;
+        }
+}
+
+/// y[m, n0..n1) for all m (M small, decode): weight rows are streamed once, in blocks of C = 4, and every block
+/// is applied to the rows of x in register tiles of up to 4 rows.
 template <class Arch>
 void linear_small_m(tensor_view<const float, 2> x, tensor_view<const float, 2> w, const float* bias,
                     tensor_view<float, 2> y, std::int64_t n0, std::int64_t n1) {
-    using B = xsimd::batch<float, Arch>;
-    constexpr std::int64_t W = static_cast<std::int64_t>(B::size);
+    constexpr int C = 4;
     const std::int64_t M = x.dim(0), K = x.dim(1);
-    const std::int64_t Kv = K / W * W;
+    auto run_rows = [&]<int R>(std::int64_t m, std::int64_t n, std::integral_constant<int, R>, auto cc) {
+        constexpr int CC = decltype(cc)::value;
+        const float* xr[R];
+        const float* wr[CC];
+        for (int r = 0; r < R; ++r) xr[r] = &x(m + r, 0);
+        for (int c = 0; c < CC; ++c) wr[c] = &w(n + c, 0);
+        float out[R][CC];
+        dot_tile<Arch, R, CC>(xr, wr, K, out);
+        for (int r = 0; r < R; ++r)
+            for (int c = 0; c < CC; ++c) y(m + r, n + c) = out[r][c] + (bias ? bias[n + c] : 0.f);
+    };
+    auto run_cols = [&](std::int64_t n, auto cc) {
+        std::int64_t m = 0;
+        for (; m + 4 <= M; m += 4) run_rows(m, n, std::integral_constant<int, 4>{}, cc);
+        switch (M - m) {
+            case 3: run_rows(m, n, std::integral_constant<int, 3>{}, cc); break;
+            case 2: run_rows(m, n, std::integral_constant<int, 2>{}, cc); break;
+            case 1: run_rows(m, n, std::integral_constant<int, 1>{}, cc); break;
+            default: break;
+        }
+    };
     std::int64_t n = n0;
-    for (; n + 4 <= n1; n += 4) {
-        const float* w0 = &w(n, 0);
-        const float* w1 = &w(n + 1, 0);
-        const float* w2 = &w(n + 2, 0);
-        const float* w3 = &w(n + 3, 0);
-        for (std::int64_t m = 0; m < M; ++m) {
-            const float* xm = &x(m, 0);
-            B a0(0.f), a1(0.f), a2(0.f), a3(0.f);
-            for (std::int64_t k = 0; k < Kv; k += W) {
-                const B xv = B::load_unaligned(xm + k);
-                a0 = xsimd::fma(xv, B::load_unaligned(w0 + k), a0);
-                a1 = xsimd::fma(xv, B::load_unaligned(w1 + k), a1);
-                a2 = xsimd::fma(xv, B::load_unaligned(w2 + k), a2);
-                a3 = xsimd::fma(xv, B::load_unaligned(w3 + k), a3);
-            }
-            float s0 = xsimd::hadd(a0), s1 = xsimd::hadd(a1), s2 = xsimd::hadd(a2),
-                  s3 = xsimd::hadd(a3);
-            for (std::int64_t k = Kv; k < K; ++k) {
-                s0 += xm[k] * w0[k];
-                s1 += xm[k] * w1[k];
-                s2 += xm[k] * w2[k];
-                s3 += xm[k] * w3[k];
-            }
-            float* ym = &y(m, 0);
-            ym[n] = s0 + (bias ? bias[n] : 0.f);
-            ym[n + 1] = s1 + (bias ? bias[n + 1] : 0.f);
-            ym[n + 2] = s2 + (bias ? bias[n + 2] : 0.f);
-            ym[n + 3] = s3 + (bias ? bias[n + 3] : 0.f);
-        }
-    }
-    for (; n < n1; ++n) {
-        const float* wn = &w(n, 0);
-        for (std::int64_t m = 0; m < M; ++m) {
-            const float* xm = &x(m, 0);
-            B a(0.f);
-            for (std::int64_t k = 0; k < Kv; k += W) a = xsimd::fma(B::load_unaligned(xm + k), B::load_unaligned(wn + k), a);
-            float s = xsimd::hadd(a);
-            for (std::int64_t k = Kv; k < K; ++k) s += xm[k] * wn[k];
-            y(m, n) = s + (bias ? bias[n] : 0.f);
-        }
-    }
+    for (; n + C <= n1; n += C) run_cols(n, std::integral_constant<int, C>{});
+    for (; n < n1; ++n) run_cols(n, std::integral_constant<int, 1>{});
 }
 
 }  // namespace detail
@@ -108,15 +115,11 @@ void linear(const Backend& be, tensor_view<const float, 2> x, tensor_view<const 
     std::int64_t block = std::max<std::int64_t>(64, (N + threads - 1) / threads);
     block = (block + 15) / 16 * 16;
     be.parallel_for(N, block, [&](std::int64_t n0, std::int64_t n1) {
-        // Rows in panels keep the working set of x and y in L2.
-        constexpr std::int64_t panel = 256;
-        for (std::int64_t m0 = 0; m0 < M; m0 += panel) {
-            const std::int64_t mb = std::min(panel, M - m0);
-            Y.block(m0, n0, mb, n1 - n0).noalias() = X.middleRows(m0, mb) * Wm.middleRows(n0, n1 - n0).transpose();
-            if (bias)
-                for (std::int64_t m = m0; m < m0 + mb; ++m)
-                    for (std::int64_t n = n0; n < n1; ++n) Y(m, n) += bias[n];
-        }
+        // One product per column block: Eigen blocks for the caches itself and packs this block of W once.
+        Y.middleCols(n0, n1 - n0).noalias() = X * Wm.middleRows(n0, n1 - n0).transpose();
+        if (bias)
+            for (std::int64_t m = 0; m < M; ++m)
+                for (std::int64_t n = n0; n < n1; ++n) Y(m, n) += bias[n];
     });
 }
 

@@ -1,6 +1,7 @@
 // Tensor views, owning tensors, Eigen interop, dtype conversions and the error hierarchy.
 #include <doctest/doctest.h>
 
+#include <bit>
 #include <cmath>
 #include <limits>
 
@@ -110,4 +111,30 @@ TEST_CASE("dtype names round-trip and unknown names are rejected") {
     CHECK_THROWS_AS(parse_dtype("F8_E4M3"), dtype_error);
     CHECK(dtype_size(dtype::bf16) == 2);
     CHECK(dtype_of_v<const float> == dtype::f32);
+}
+
+TEST_CASE("vectorised f16 conversions are bit-identical to the scalar ones") {
+    // every f16 bit pattern -> f32
+    std::vector<f16> all(0x10000);
+    for (std::uint32_t b = 0; b < 0x10000; ++b) all[b] = f16::from_bits(static_cast<std::uint16_t>(b));
+    std::vector<float> wide(all.size());
+    convert(all.data(), wide.data(), all.size());
+    for (std::size_t b = 0; b < all.size(); ++b) {
+        const float want = all[b].to_float();
+        if (std::isnan(want)) {
+            CHECK(std::isnan(wide[b]));
+            continue;
+        }
+        CHECK(std::bit_cast<std::uint32_t>(wide[b]) == std::bit_cast<std::uint32_t>(want));
+    }
+    // f32 -> f16 on random values over the whole range, ties, subnormals, overflow, Inf and NaN
+    auto x = test::uniform(4099, -7e4f, 7e4f, 21);
+    auto small = test::uniform(2003, -1e-4f, 1e-4f, 22);
+    x.insert(x.end(), small.begin(), small.end());
+    x.insert(x.end(), {0.0f, -0.0f, 65504.0f, 65519.99f, 65520.0f, 1e9f, -1e9f, 5.96e-8f, 2.98e-8f, 2.9802322e-8f,
+                       std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                       std::numeric_limits<float>::quiet_NaN(), 1.00048828125f, 1.00146484375f});
+    std::vector<f16> h(x.size());
+    convert(x.data(), h.data(), x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) CHECK_MESSAGE(h[i].bits == f16::from_float(x[i]).bits, "x = " << x[i]);
 }

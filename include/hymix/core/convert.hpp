@@ -45,14 +45,51 @@ inline void convert(const float* src, bf16* dst, std::size_t n) noexcept {
     for (; i < n; ++i) dst[i] = bf16::from_float(src[i]);
 }
 
-/// f16 -> f32, n elements. Exact.
+/// f16 -> f32, n elements. Exact: the 15 exponent+mantissa bits moved into place and scaled by 2^112 handle
+/// normals and subnormals alike; exponent 31 (Inf/NaN) is mapped to exponent 255 with the payload kept.
 inline void convert(const f16* src, float* dst, std::size_t n) noexcept {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = src[i].to_float();
+    using u32 = xsimd::batch<std::uint32_t>;
+    using f32 = xsimd::batch<float>;
+    constexpr std::size_t W = u32::size;
+    const auto* s = reinterpret_cast<const std::uint16_t*>(src);
+    const f32 scale = xsimd::bitwise_cast<f32>(u32(0x77800000u));  // 2^112
+    std::size_t i = 0;
+    for (; i + W <= n; i += W) {
+        const u32 h = u32::load_unaligned(s + i);
+        const u32 sign = (h & u32(0x8000u)) << 16;
+        const u32 em = (h & u32(0x7fffu)) << 13;
+        const u32 scaled = xsimd::bitwise_cast<u32>(xsimd::bitwise_cast<f32>(em) * scale);
+        const u32 special = em | u32(0x7f800000u);
+        const u32 r = xsimd::select(em >= u32(0x0f800000u), special, scaled) | sign;
+        xsimd::bitwise_cast<f32>(r).store_unaligned(dst + i);
+    }
+    for (; i < n; ++i) dst[i] = src[i].to_float();
 }
 
-/// f32 -> f16, n elements, round to nearest even.
+/// f32 -> f16, n elements, round to nearest even (overflow -> Inf, NaN stays NaN); bit-identical to
+/// f16::from_float.
 inline void convert(const float* src, f16* dst, std::size_t n) noexcept {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = f16::from_float(src[i]);
+    using u32 = xsimd::batch<std::uint32_t>;
+    using f32 = xsimd::batch<float>;
+    constexpr std::size_t W = u32::size;
+    auto* d = reinterpret_cast<std::uint16_t*>(dst);
+    std::size_t i = 0;
+    for (; i + W <= n; i += W) {
+        const u32 u = xsimd::bitwise_cast<u32>(f32::load_unaligned(src + i));
+        const u32 sign = (u >> 16) & u32(0x8000u);
+        const u32 au = u & u32(0x7fffffffu);
+        // subnormal / zero results: adding 0.5 aligns the f16 ulp (2^-24) with the f32 mantissa's last bit
+        const u32 sub = xsimd::bitwise_cast<u32>(xsimd::bitwise_cast<f32>(au) + f32(0.5f)) - u32(0x3f000000u);
+        const u32 norm = (au + u32(0xc8000fffu) + ((au >> 13) & u32(1u))) >> 13;
+        u32 r = xsimd::select(au < u32(0x38800000u), sub, norm);
+        r = xsimd::select(au >= u32(0x477ff000u), u32(0x7c00u), r);
+        r = xsimd::select(au > u32(0x7f800000u), u32(0x7e00u), r);
+        r = r | sign;
+        alignas(64) std::uint32_t tmp[W];
+        r.store_aligned(tmp);
+        for (std::size_t j = 0; j < W; ++j) d[i + j] = static_cast<std::uint16_t>(tmp[j]);
+    }
+    for (; i < n; ++i) dst[i] = f16::from_float(src[i]);
 }
 
 /// Generic arithmetic conversion (f64, i32, i64 <-> f32, identity).

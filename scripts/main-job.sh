@@ -4,9 +4,14 @@
 #   scripts/main-job.sh [BUILD_DIR] [MODEL_DIR]
 # The model is MODEL_DIR, else $HYMIX_MODEL, else the embedded default ../shared/models/kjv-hybrid-byte.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-build_dir=${1:-build/release}
+# Paths given by the caller are relative to the caller's directory: make them absolute before moving.
+abs() { case $1 in /*) printf '%s' "$1" ;; *) printf '%s/%s' "$PWD" "$1" ;; esac; }
+build_dir=${1:-}
 model=${2:-${HYMIX_MODEL:-}}
+[ -n "$build_dir" ] && build_dir=$(abs "$build_dir")
+[ -n "$model" ] && model=$(abs "$model")
+cd "$(dirname "$0")/.."
+build_dir=${build_dir:-$PWD/build/release}
 tool="$build_dir/examples/tool/hymix"
 [ -x "$tool" ] || { echo "main-job: $tool is not built; run scripts/run.sh" >&2; exit 1; }
 

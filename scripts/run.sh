@@ -4,6 +4,10 @@
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "$0")/common.sh"
+# A model directory given as an argument or in $HYMIX_MODEL is relative to where run.sh was called from.
+model_args=()
+for a in "$@"; do case $a in /*) model_args+=("$a") ;; *) model_args+=("$PWD/$a") ;; esac; done
+if [ -n "${HYMIX_MODEL:-}" ]; then case $HYMIX_MODEL in /*) ;; *) export HYMIX_MODEL="$PWD/$HYMIX_MODEL" ;; esac; fi
 cd "$HYMIX_ROOT"
 
 stage "dependencies"
@@ -14,4 +18,4 @@ preset_configure release
 preset_build release --target hymix_examples
 
 stage "main job"
-exec scripts/main-job.sh "$(preset_dir release)" "$@"
+exec scripts/main-job.sh "$(preset_dir release)" "${model_args[@]}"

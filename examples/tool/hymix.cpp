@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <new>
 #include <optional>
 #include <string>
 #include <vector>
@@ -136,6 +137,7 @@ void cmd_logits(const fs::path& dir, int threads, const fs::path& in, const fs::
     if (ids.rank() != 2)
         throw hymix::shape_error(in.string() + ": input_ids must have shape [B, T], found " + hymix::shape_string(ids.shape()));
     const std::int64_t B = ids.dim(0), T = ids.dim(1), V = model.info().vocab_size;
+    if (B < 1) throw hymix::shape_error(in.string() + ": input_ids has shape " + hymix::shape_string(ids.shape()) + ", expected B >= 1 rows");
     std::vector<std::int32_t> tokens(static_cast<std::size_t>(B * T));
     for (std::int64_t i = 0; i < B * T; ++i) {
         const std::int64_t v = ids[i];
@@ -177,8 +179,8 @@ int main(int argc, char** argv) {
     auto* p1 = gen->add_option("--prompt", prompt, "prompt text");
     auto* p2 = gen->add_option("--prompt-file", prompt_file, "file holding the prompt")->check(CLI::ExistingFile);
     p1->excludes(p2);
-    gen->add_option("--max-new,-n", max_new, "bytes to generate")->check(CLI::PositiveNumber);
-    gen->add_option("--temperature", sp.temperature, "sampling temperature (0 = greedy)")->capture_default_str();
+    gen->add_option("--max-new,-n", max_new, "bytes to generate (default 128)")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40));
+    gen->add_option("--temperature", sp.temperature, "sampling temperature (0 = greedy; default 0.8)")->capture_default_str();
     gen->add_option("--top-k", sp.top_k, "keep the k most likely tokens (0 = all)");
     gen->add_option("--top-p", sp.top_p, "nucleus sampling mass (1 = off)");
     gen->add_option("--seed", sp.seed, "random seed");
@@ -205,7 +207,9 @@ int main(int argc, char** argv) {
         if (*info) cmd_info(dir, threads);
         if (*gen) {
             if (!prompt_file.empty()) prompt = read_file(prompt_file);
-            if (prompt.empty()) throw hymix::config_error("generate: give --prompt TEXT or --prompt-file F");
+            if (prompt.empty())
+                throw hymix::config_error(prompt_file.empty() ? "generate: give a non-empty --prompt TEXT or --prompt-file F"
+                                                              : "generate: the prompt file '" + prompt_file + "' is empty");
             cmd_generate(dir, threads, prompt, max_new, sp);
         }
         if (*score) cmd_score(dir, threads, text_path, offset, n_bytes, window, batch);
@@ -213,6 +217,12 @@ int main(int argc, char** argv) {
     } catch (const hymix::error& e) {
         fmt::print(stderr, "hymix: error: {}\n", e.what());
         return 2;
+    } catch (const std::bad_alloc&) {
+        fmt::print(stderr, "hymix: error: out of memory (the model, batch or window is too large for this machine)\n");
+        return 3;
+    } catch (const std::exception& e) {
+        fmt::print(stderr, "hymix: error: {}\n", e.what());
+        return 3;
     }
     return 0;
 }

@@ -296,3 +296,31 @@ TEST_CASE("attention: an AVX2 backend (8 lanes: other tile shapes) agrees with t
         MESSAGE("SKIPPED: this build has no AVX2");
     }
 }
+
+TEST_CASE("attention: NaN in a visible key or value propagates (prefill and decode); a NaN key stays invisible to earlier rows") {
+    const cpu_backend be(2);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (bool in_key : {true, false}) {
+        for (std::int64_t bad : {0, 37, 150}) {
+            CAPTURE(in_key);
+            CAPTURE(bad);
+            case_data c(200, 200, 2, 1, 16, 77);
+            (in_key ? c.k : c.v)[static_cast<std::size_t>(bad * 16 + 3)] = nan;
+            run_prefill(be, c, {});
+            for (std::int64_t t = 0; t < 200; ++t)
+                for (std::int64_t h = 0; h < 2; ++h) {
+                    const float x = c.o[static_cast<std::size_t>((t * 2 + h) * 16 + 3)];  // channel 3 holds the NaN value
+                    // A NaN key is masked by index for earlier rows. A NaN value still meets their zero weight
+                    // (0 · NaN = NaN, as in a dense softmax(QKᵀ)·V), so only propagation is required there.
+                    if (t >= bad) CHECK(std::isnan(x));
+                    else if (in_key) CHECK(std::isfinite(x));
+                }
+            // decode: one query row over all 200 keys, several splits
+            case_data d(1, 4097, 2, 1, 16, 78);
+            (in_key ? d.k : d.v)[static_cast<std::size_t>(bad * 16 + 3)] = nan;
+            run_decode(be, d, {});
+            CHECK(std::isnan(d.o[3]));
+            CHECK(std::isnan(d.o[16 + 3]));
+        }
+    }
+}

@@ -109,3 +109,13 @@ TEST_CASE("score protocol: bad ranges are config errors") {
     CHECK_THROWS_AS(score_bits_per_byte(m, text, 0, 50, 50), config_error);
     CHECK_THROWS_AS(score_bits_per_byte(m, text, 0, 50, 10, 0), config_error);
 }
+
+TEST_CASE("score protocol: huge offsets / lengths are range errors (no overflow), batch larger than the window count") {
+    std::vector<std::uint8_t> text(3000, 7);
+    fake_lm m;
+    CHECK_THROWS_AS(score_bits_per_byte(m, text, 9223372036854775800LL, 100, 5), config_error);
+    CHECK_THROWS_AS(score_bits_per_byte(m, text, 100, 9223372036854775800LL, 5), config_error);
+    const auto r = score_bits_per_byte(m, text, 0, 2048, 512, 1000);  // 3 windows, batch clipped to 3
+    CHECK(r.windows == 3);
+    CHECK(m.calls == 1);
+}

@@ -84,22 +84,38 @@ struct seq_batch {
     void validate(std::int64_t n_slots = -1) const {
         if (starts.size() != lengths.size() || starts.size() != slots.size())
             throw shape_error("seq_batch: starts, lengths and slots differ in size");
-        std::vector<std::pair<std::int64_t, std::int64_t>> r;
-        for (std::size_t i = 0; i < starts.size(); ++i) {
+        const std::size_t n = starts.size();
+        for (std::size_t i = 0; i < n; ++i) {
             if (lengths[i] < 0 || starts[i] < 0 || starts[i] + lengths[i] > n_rows)
                 throw shape_error("seq_batch: sequence " + std::to_string(i) + " rows [" + std::to_string(starts[i]) + ", " +
                                   std::to_string(starts[i] + lengths[i]) + ") outside [0, " + std::to_string(n_rows) + ")");
+            if (slots[i] < -1)
+                throw shape_error("seq_batch: sequence " + std::to_string(i) + " uses state slot " + std::to_string(slots[i]) +
+                                  " (slots are >= 0, or -1 for an entry to skip)");
             if (n_slots >= 0 && slots[i] >= n_slots)
                 throw shape_error("seq_batch: sequence " + std::to_string(i) + " uses state slot " + std::to_string(slots[i]) +
                                   " but the state has " + std::to_string(n_slots) + " slots");
-            if (lengths[i] > 0) r.emplace_back(starts[i], starts[i] + lengths[i]);
         }
+        if (n <= 64) {  // decode steps and small batches: pairwise checks, no allocation on the hot path
+            for (std::size_t i = 0; i < n; ++i)
+                for (std::size_t j = i + 1; j < n; ++j) {
+                    if (lengths[i] > 0 && lengths[j] > 0 && starts[i] < starts[j] + lengths[j] &&
+                        starts[j] < starts[i] + lengths[i])
+                        throw shape_error("seq_batch: sequences overlap in the token matrix");
+                    if (slots[i] >= 0 && slots[i] == slots[j])
+                        throw shape_error("seq_batch: two sequences of one call use the same state slot");
+                }
+            return;
+        }
+        std::vector<std::pair<std::int64_t, std::int64_t>> r;
+        for (std::size_t i = 0; i < n; ++i)
+            if (lengths[i] > 0) r.emplace_back(starts[i], starts[i] + lengths[i]);
         std::sort(r.begin(), r.end());
         for (std::size_t i = 1; i < r.size(); ++i)
             if (r[i].first < r[i - 1].second) throw shape_error("seq_batch: sequences overlap in the token matrix");
         std::vector<std::int64_t> used;
-        for (auto s : slots)
-            if (s >= 0) used.push_back(s);
+        for (auto sl : slots)
+            if (sl >= 0) used.push_back(sl);
         std::sort(used.begin(), used.end());
         if (std::adjacent_find(used.begin(), used.end()) != used.end())
             throw shape_error("seq_batch: two sequences of one call use the same state slot");

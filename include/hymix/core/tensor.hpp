@@ -14,6 +14,7 @@
 #include <numeric>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -36,6 +37,14 @@ std::string shape_string(const Range& r) {
     }
     return s + "]";
 }
+
+namespace detail {
+inline std::string label(std::string_view what, std::string_view part) {
+    std::string s(what);
+    if (!part.empty()) s.append(": ").append(part);
+    return s;
+}
+}  // namespace detail
 
 /// Non-owning strided view of a rank-R tensor of T. Strides are in elements.
 template <class T, std::size_t R>
@@ -102,15 +111,18 @@ struct tensor_view {
         return v;
     }
 
-    /// Throws shape_error unless the shape equals `expected` (-1 in `expected` matches anything).
-    void require_shape(const index_array& expected, const std::string& what) const {
+    /// Throws shape_error unless the shape equals `expected` (-1 in `expected` matches anything). The message is
+    /// "<what>[: <part>]: expected shape [...], found [...]"; it is only built on failure, so checks on the hot
+    /// path allocate nothing.
+    void require_shape(const index_array& expected, std::string_view what, std::string_view part = {}) const {
         for (std::size_t i = 0; i < R; ++i)
             if (expected[i] >= 0 && expected[i] != shape[i])
-                throw shape_error(what + ": expected shape " + shape_string(expected) + ", found " + shape_string(shape));
+                throw shape_error(detail::label(what, part) + ": expected shape " + shape_string(expected) + ", found " +
+                                  shape_string(shape));
     }
-    void require_contiguous(const std::string& what) const {
+    void require_contiguous(std::string_view what, std::string_view part = {}) const {
         if (!is_contiguous())
-            throw shape_error(what + ": expected a contiguous tensor, found strides " + shape_string(strides));
+            throw shape_error(detail::label(what, part) + ": expected a contiguous tensor, found strides " + shape_string(strides));
     }
 
     /// Eigen map of a rank-2 view (row-major, unit inner stride required).

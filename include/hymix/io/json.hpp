@@ -173,8 +173,22 @@ inline json parse_json(std::string_view text, const std::string& origin = "<json
     }
 }
 
-/// Reads a whole file into a string. Throws io_error with the path and the OS reason.
+/// Largest JSON file hymix reads (configs and shard indexes are kilobytes to a few megabytes).
+inline constexpr std::uintmax_t max_json_bytes = 256u << 20;
+
+/// Reads a whole regular file (at most max_json_bytes) into a string. Throws io_error with the path and the OS
+/// reason; FIFOs, devices and oversized files are rejected before reading, so a read can never hang or explode.
 inline std::string read_text_file(const std::filesystem::path& path) {
+    std::error_code ec;
+    const auto st = std::filesystem::status(path, ec);
+    if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
+        throw io_error("cannot read '" + path.string() + "': not a regular file");
+    if (!ec && std::filesystem::is_regular_file(st)) {
+        const auto size = std::filesystem::file_size(path, ec);
+        if (!ec && size > max_json_bytes)
+            throw io_error("cannot read '" + path.string() + "': " + std::to_string(size) + " bytes, more than the " +
+                           std::to_string(max_json_bytes) + " a JSON file may have");
+    }
     std::ifstream f(path, std::ios::binary);
     if (!f) {
         const int err = errno;

@@ -429,20 +429,32 @@ private:
         }
     }
 
+    /// The tensors must tile the data section exactly, as the reference safetensors reader requires: sorted by
+    /// offset, each begins where the previous ended, the first at 0 and the last ends at the end of the file.
+    /// Overlaps, holes and trailing bytes are format errors (a shifted header length shows up as one of them).
     void check_overlaps() const {
         std::vector<const tensor_info*> by_offset;
-        for (const auto& t : tensors_)
-            if (t.nbytes() > 0) by_offset.push_back(&t);
-        std::sort(by_offset.begin(), by_offset.end(),
-                  [](const tensor_info* a, const tensor_info* b) { return a->begin < b->begin; });
-        for (std::size_t i = 1; i < by_offset.size(); ++i) {
-            const auto* a = by_offset[i - 1];
-            const auto* b = by_offset[i];
-            if (b->begin < a->end)
-                throw format_error(origin_ + ": tensors '" + a->name + "' [" + std::to_string(a->begin) + ", " +
-                                   std::to_string(a->end) + "] and '" + b->name + "' [" + std::to_string(b->begin) +
-                                   ", " + std::to_string(b->end) + "] overlap in the data section");
+        for (const auto& t : tensors_) by_offset.push_back(&t);
+        std::sort(by_offset.begin(), by_offset.end(), [](const tensor_info* a, const tensor_info* b) {
+            return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+        });
+        std::uint64_t end = 0;
+        const tensor_info* prev = nullptr;
+        for (const auto* t : by_offset) {
+            if (prev && t->begin < end)
+                throw format_error(origin_ + ": tensors '" + prev->name + "' [" + std::to_string(prev->begin) + ", " +
+                                   std::to_string(prev->end) + "] and '" + t->name + "' [" + std::to_string(t->begin) +
+                                   ", " + std::to_string(t->end) + "] overlap in the data section");
+            if (t->begin != end)
+                throw format_error(origin_ + ": tensor '" + t->name + "' data_offsets start at " + std::to_string(t->begin) +
+                                   ", expected " + std::to_string(end) + " (the tensors must cover the data section without holes)");
+            end = t->end;
+            prev = t;
         }
+        const std::uint64_t data_size = store_->size() - data_offset_;
+        if (end != data_size)
+            throw format_error(origin_ + ": the tensors cover " + std::to_string(end) + " bytes of the " +
+                               std::to_string(data_size) + "-byte data section (trailing bytes, or a wrong header length)");
     }
 
     std::shared_ptr<const detail::byte_store> store_;

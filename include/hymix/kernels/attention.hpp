@@ -43,15 +43,15 @@ namespace detail {
 template <class T>
 void attention_check(const attention_problem<T>& p, const char* who) {
     const std::int64_t Tq = p.q.dim(0), H = p.q.dim(1), dh = p.q.dim(2), Tk = p.k.dim(0), Hkv = p.k.dim(1);
-    const std::string w(who);
-    p.k.require_shape({Tk, Hkv, dh}, w + ": k");
-    p.v.require_shape({Tk, Hkv, dh}, w + ": v");
-    p.o.require_shape({Tq, H, dh}, w + ": o");
-    if (p.lse.data) p.lse.require_shape({Tq, H}, w + ": lse");
+    const std::string_view w(who);
+    p.k.require_shape({Tk, Hkv, dh}, w, "k");
+    p.v.require_shape({Tk, Hkv, dh}, w, "v");
+    p.o.require_shape({Tq, H, dh}, w, "o");
+    if (p.lse.data) p.lse.require_shape({Tq, H}, w, "lse");
     if (Hkv <= 0 || H % Hkv != 0)
-        throw shape_error(w + ": query heads " + std::to_string(H) + " not a multiple of key/value heads " + std::to_string(Hkv));
+        throw shape_error(std::string(w) + ": query heads " + std::to_string(H) + " not a multiple of key/value heads " + std::to_string(Hkv));
     if (dh > 0 && (p.q.strides[2] != 1 || p.k.strides[2] != 1 || p.v.strides[2] != 1 || p.o.strides[2] != 1))
-        throw shape_error(w + ": q, k, v, o need unit stride along head_dim");
+        throw shape_error(std::string(w) + ": q, k, v, o need unit stride along head_dim");
 }
 
 inline double attention_scale(const attention_params& a, std::int64_t dh) {
@@ -293,7 +293,7 @@ void attention_tile_nv(const attention_problem<float>& p, std::int64_t h, std::i
     }
     for (std::int64_t i = 0; i < bq; ++i) {
         float* orow = &p.o(i0 + i, h, 0);
-        if (l[i] > 0.f) {
+        if (l[i] != 0.f) {  // l >= 1 once a key is visible; NaN (a NaN score or value) must propagate, not vanish
             const float inv = 1.f / l[i];
             for (std::int64_t c = 0; c < dh; ++c) orow[c] = Ot[c * bqp + i] * inv;
             if (p.lse.data) p.lse(i0 + i, h) = m[i] + std::log(l[i]);
@@ -449,7 +449,10 @@ void attention_decode(const Backend& be, std::span<const attention_problem<float
             while (it < items.size() && items[it].p == static_cast<std::int64_t>(pi) && items[it].hk == hk) ++it;
             for (std::int64_t r = 0; r < g; ++r) {
                 float m = ninf;
-                for (std::size_t s = first; s < it; ++s) m = std::max(m, P[(items[s].slot + r) * pw]);
+                for (std::size_t s = first; s < it; ++s) {
+                    const float ms = P[(items[s].slot + r) * pw];
+                    m = (ms > m || std::isnan(ms)) && !std::isnan(m) ? ms : m;  // a NaN split maximum wins
+                }
                 float* orow = &p.o(0, hk * g + r, 0);
                 std::fill(orow, orow + dh, 0.f);
                 float l = 0.f;
@@ -461,11 +464,11 @@ void attention_decode(const Backend& be, std::span<const attention_problem<float
                         l += row[1] * f;
                         for (std::int64_t c = 0; c < dh; ++c) orow[c] += f * row[2 + c];
                     }
-                if (l > 0.f) {
+                if (l != 0.f) {  // NaN propagates; l == 0 only when no key is visible
                     const float inv = 1.f / l;
                     for (std::int64_t c = 0; c < dh; ++c) orow[c] *= inv;
                 }
-                if (p.lse.data) p.lse(0, hk * g + r) = l > 0.f ? m + std::log(l) : ninf;
+                if (p.lse.data) p.lse(0, hk * g + r) = l != 0.f ? m + std::log(l) : ninf;
             }
         }
     }

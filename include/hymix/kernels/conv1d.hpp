@@ -30,8 +30,11 @@ void causal_conv1d(tensor_view<const T, 2> x, tensor_view<const T, 2> w, const T
     if (K < 1) throw shape_error("causal_conv1d: kernel width must be >= 1");
     const std::int64_t S = K - 1;
     // ext[(S + Tn), C]: the state transposed to rows, then the inputs; tap-major weights wt[K, C].
-    std::vector<T> ext(static_cast<std::size_t>((S + Tn) * C));
-    std::vector<T> wt(static_cast<std::size_t>(K * C));
+    // Per-thread scratch that only grows, so repeated calls (decode steps) allocate nothing.
+    thread_local std::vector<T> ext, wt;
+    if (ext.size() < static_cast<std::size_t>((S + Tn) * C)) ext.resize(static_cast<std::size_t>((S + Tn) * C));
+    if (wt.size() < static_cast<std::size_t>(K * C)) wt.resize(static_cast<std::size_t>(K * C));
+    if (!state) std::fill_n(ext.begin(), S * C, T(0));
     for (std::int64_t c = 0; c < C; ++c)
         for (std::int64_t j = 0; j < K; ++j) wt[j * C + c] = w(c, j);
     if (state)

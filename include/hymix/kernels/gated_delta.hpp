@@ -43,22 +43,22 @@ namespace detail {
 template <class TQ, class TS, class TO>
 void check_gated_delta_args(const seq_batch& batch, const TQ& q, const TQ& k, const TQ& v, const auto& g,
                             const auto& beta, const TS& state, const TO& o, const char* who) {
-    const std::string w = who;
+    const std::string_view w(who);
     const std::int64_t n = batch.n_rows, Hk = q.dim(1), dk = q.dim(2), Hv = v.dim(1), dv = v.dim(2);
-    q.require_shape({n, -1, -1}, w + ": q [n_rows, H_k, d_k]");
-    k.require_shape({n, Hk, dk}, w + ": k [n_rows, H_k, d_k]");
-    v.require_shape({n, -1, -1}, w + ": v [n_rows, H_v, d_v]");
-    g.require_shape({n, Hv}, w + ": g [n_rows, H_v]");
-    beta.require_shape({n, Hv}, w + ": beta [n_rows, H_v]");
-    o.require_shape({n, Hv, dv}, w + ": o [n_rows, H_v, d_v]");
-    state.require_shape({-1, Hv, dk, dv}, w + ": state [S, H_v, d_k, d_v]");
+    q.require_shape({n, -1, -1}, w, "q [n_rows, H_k, d_k]");
+    k.require_shape({n, Hk, dk}, w, "k [n_rows, H_k, d_k]");
+    v.require_shape({n, -1, -1}, w, "v [n_rows, H_v, d_v]");
+    g.require_shape({n, Hv}, w, "g [n_rows, H_v]");
+    beta.require_shape({n, Hv}, w, "beta [n_rows, H_v]");
+    o.require_shape({n, Hv, dv}, w, "o [n_rows, H_v, d_v]");
+    state.require_shape({-1, Hv, dk, dv}, w, "state [S, H_v, d_k, d_v]");
     if (Hk <= 0 || Hv % Hk != 0)
-        throw config_error(w + ": value heads (" + std::to_string(Hv) + ") must be a positive multiple of key heads (" +
+        throw config_error(std::string(w) + ": value heads (" + std::to_string(Hv) + ") must be a positive multiple of key heads (" +
                            std::to_string(Hk) + ")");
     if (q.strides[2] != 1 || k.strides[2] != 1 || v.strides[2] != 1 || o.strides[2] != 1)
-        throw shape_error(w + ": q, k, v and o need unit inner stride");
+        throw shape_error(std::string(w) + ": q, k, v and o need unit inner stride");
     if (state.strides[3] != 1 || state.strides[2] != dv)
-        throw shape_error(w + ": each state matrix [d_k, d_v] must be contiguous, found strides " +
+        throw shape_error(std::string(w) + ": each state matrix [d_k, d_v] must be contiguous, found strides " +
                           shape_string(state.strides));
     batch.validate(state.dim(0));
 }

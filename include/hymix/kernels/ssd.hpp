@@ -53,19 +53,19 @@ namespace detail {
 template <class T, class Seq>
 void ssd_check(const ssd_inputs<T>& in, std::span<const Seq> seqs, tensor_view<T, 3> y, const char* who) {
     const std::int64_t R = in.n_rows(), H = in.n_heads(), P = in.head_dim(), G = in.n_groups(), N = in.d_state();
-    const std::string w = who;
-    in.dt.require_shape({R, H}, w + ": dt");
-    in.B.require_shape({R, -1, -1}, w + ": B");
-    in.C.require_shape({R, G, N}, w + ": C");
-    y.require_shape({R, H, P}, w + ": y");
+    const std::string_view w(who);
+    in.dt.require_shape({R, H}, w, "dt");
+    in.B.require_shape({R, -1, -1}, w, "B");
+    in.C.require_shape({R, G, N}, w, "C");
+    y.require_shape({R, H, P}, w, "y");
     if (G <= 0 || H % G != 0)
-        throw shape_error(w + ": " + std::to_string(H) + " heads are not divisible into " + std::to_string(G) + " B/C groups");
-    if (!in.A) throw shape_error(w + ": A is null");
+        throw shape_error(std::string(w) + ": " + std::to_string(H) + " heads are not divisible into " + std::to_string(G) + " B/C groups");
+    if (!in.A) throw shape_error(std::string(w) + ": A is null");
     if (in.x.strides[2] != 1 || in.B.strides[2] != 1 || in.C.strides[2] != 1 || y.strides[2] != 1)
-        throw shape_error(w + ": x, B, C and y need unit inner stride");
+        throw shape_error(std::string(w) + ": x, B, C and y need unit inner stride");
     for (const auto& s : seqs)
         if (s.start < 0 || s.length < 0 || s.start + s.length > R)
-            throw shape_error(w + ": sequence rows [" + std::to_string(s.start) + ", " + std::to_string(s.start + s.length) +
+            throw shape_error(std::string(w) + ": sequence rows [" + std::to_string(s.start) + ", " + std::to_string(s.start + s.length) +
                               ") outside [0, " + std::to_string(R) + ")");
 }
 

@@ -78,7 +78,7 @@ struct attention_config {
             if (!(rope.theta > 0)) throw config_error("attention_config: rope.theta must be > 0, found " + std::to_string(rope.theta));
             (void)rope_dims();  // throws config_error for a bad partial_rotary_factor
         }
-        if (qk_norm.mode != qk_norm_mode::none && !(qk_norm.eps > 0))
+        if (qk_norm.mode != qk_norm_mode::none && !(qk_norm.eps > 0 && std::isfinite(qk_norm.eps)))
             throw config_error("attention_config: qk_norm.eps must be > 0, found " + std::to_string(qk_norm.eps));
         if (scale < 0 || !std::isfinite(scale))
             throw config_error("attention_config: scale must be finite and >= 0 (0 = 1/sqrt(head_dim)), found " + std::to_string(scale));

@@ -62,8 +62,10 @@ struct gated_deltanet_config {
         if (n_v_heads % n_k_heads != 0)
             throw config_error("gated_deltanet_config: n_v_heads (" + std::to_string(n_v_heads) +
                                ") must be a multiple of n_k_heads (" + std::to_string(n_k_heads) + ")");
-        if (!(norm_eps >= 0.f) || !(l2_eps >= 0.f) || !(decay_floor >= 0.f))
-            throw config_error("gated_deltanet_config: norm_eps, l2_eps and decay_floor must be >= 0");
+        if (!(norm_eps >= 0.f) || !(l2_eps >= 0.f) || !(decay_floor >= 0.f) || !std::isfinite(norm_eps) || !std::isfinite(l2_eps) ||
+            !std::isfinite(decay_floor))
+            throw config_error("gated_deltanet_config: norm_eps, l2_eps and decay_floor must be finite and >= 0, found " +
+                               std::to_string(norm_eps) + ", " + std::to_string(l2_eps) + ", " + std::to_string(decay_floor));
     }
 };
 

@@ -85,7 +85,8 @@ struct mamba2_config {
         if (!(dt_limit.lo >= 0.0f) || !(dt_limit.hi >= dt_limit.lo))
             throw config_error("mamba2_config: dt_limit must satisfy 0 <= lo <= hi, found (" + std::to_string(dt_limit.lo) +
                                ", " + std::to_string(dt_limit.hi) + ")");
-        if (!(norm_eps > 0.0f)) throw config_error("mamba2_config: norm_eps must be positive");
+        if (!(norm_eps > 0.0f) || !std::isfinite(norm_eps))
+            throw config_error("mamba2_config: norm_eps (layer_norm_epsilon) must be positive and finite, found " + std::to_string(norm_eps));
     }
 };
 

@@ -12,6 +12,8 @@
 // for a pool of slots plus the activation workspace), so one model can serve several caches on several threads.
 #pragma once
 
+#include <cmath>
+
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -46,7 +48,7 @@ struct stack_config {
     void validate() const {
         if (d_model <= 0) throw config_error("stack_config: d_model must be positive, found " + std::to_string(d_model));
         if (vocab_size <= 0) throw config_error("stack_config: vocab_size must be positive, found " + std::to_string(vocab_size));
-        if (!(norm_eps > 0)) throw config_error("stack_config: norm_eps must be positive, found " + std::to_string(norm_eps));
+        if (!(norm_eps > 0) || !std::isfinite(norm_eps)) throw config_error("stack_config: norm_eps must be positive and finite, found " + std::to_string(norm_eps));
     }
 };
 

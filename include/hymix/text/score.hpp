@@ -53,9 +53,10 @@ template <causal_lm M>
 score_result score_bits_per_byte(const M& model, std::span<const std::uint8_t> text, std::int64_t offset,
                                  std::int64_t n_bytes, std::int64_t window, std::int64_t batch = 8,
                                  const std::function<void(std::int64_t, std::int64_t)>& progress = {}) {
-    if (offset < 0 || n_bytes <= 0 || offset + n_bytes > static_cast<std::int64_t>(text.size()))
-        throw config_error("score: range [" + std::to_string(offset) + ", " + std::to_string(offset + n_bytes) +
-                           ") is outside the text of " + std::to_string(text.size()) + " bytes");
+    const auto size = static_cast<std::int64_t>(text.size());
+    if (offset < 0 || n_bytes <= 0 || offset > size || n_bytes > size - offset)  // no overflow for huge values
+        throw config_error("score: " + std::to_string(n_bytes) + " bytes from offset " + std::to_string(offset) +
+                           " do not fit in the text of " + std::to_string(size) + " bytes");
     if (window < 1 || window >= n_bytes)
         throw config_error("score: window " + std::to_string(window) + " must be in [1, " + std::to_string(n_bytes) + ")");
     if (batch < 1) throw config_error("score: batch must be >= 1");
@@ -66,6 +67,7 @@ score_result score_bits_per_byte(const M& model, std::span<const std::uint8_t> t
 
     const auto t0 = std::chrono::steady_clock::now();
     score_result r;
+    batch = std::min(batch, std::max<std::int64_t>(total, 1));  // never allocate rows for windows that do not exist
     tensor<float> logits({batch * window, V});
     std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch * window));
     for (std::int64_t w0 = 0; w0 < total; w0 += batch) {

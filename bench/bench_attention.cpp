@@ -39,14 +39,6 @@ double weight_bytes(const hymix::attention_config& c) {
     return 4.0 * static_cast<double>(c.d_model) * static_cast<double>(c.q_rows() + 2 * c.kv_rows() + c.n_heads * c.head_dim);
 }
 
-std::vector<float> random_vec(std::size_t n, std::uint64_t seed) {
-    std::mt19937_64 g(seed);
-    std::uniform_real_distribution<float> d(-1.f, 1.f);
-    std::vector<float> v(n);
-    for (auto& x : v) x = d(g);
-    return v;
-}
-
 // Args: layer (0 = d 256, 1 = d 768), batch B, tokens per sequence T. Each iteration prefills fresh sequences.
 void BM_attn_prefill(benchmark::State& st) {
     const auto c = layer_config(static_cast<int>(st.range(0)));
@@ -55,7 +47,7 @@ void BM_attn_prefill(benchmark::State& st) {
     const hymix::attention m(c, hymix::attention_weights::random(c, 1));
     auto state = m.make_state(B);
     state.reserve(T);
-    const auto x = random_vec(static_cast<std::size_t>(B * T * c.d_model), 2);
+    const auto x = hymix::bench::random_vec(static_cast<std::size_t>(B * T * c.d_model), 2);
     std::vector<float> y(x.size());
     const auto batch = hymix::seq_batch::dense(B, T);
     const hymix::tensor_view<const float, 2> xv(x.data(), {B * T, c.d_model});
@@ -92,7 +84,7 @@ void BM_attn_decode(benchmark::State& st) {
         }
         state.set_length(b, ctx);
     }
-    const auto x = random_vec(static_cast<std::size_t>(B * c.d_model), 2);
+    const auto x = hymix::bench::random_vec(static_cast<std::size_t>(B * c.d_model), 2);
     std::vector<float> y(x.size());
     std::vector<std::int64_t> slots(static_cast<std::size_t>(B));
     for (std::int64_t b = 0; b < B; ++b) slots[static_cast<std::size_t>(b)] = b;

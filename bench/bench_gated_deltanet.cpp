@@ -43,14 +43,6 @@ double state_bytes(const hymix::gated_deltanet_config& c) {
     return 4.0 * static_cast<double>(c.n_v_heads * c.d_k * c.d_v + c.conv_dim() * (c.d_conv - 1));
 }
 
-std::vector<float> random_vec(std::size_t n, std::uint64_t seed) {
-    std::mt19937_64 g(seed);
-    std::uniform_real_distribution<float> d(-1.f, 1.f);
-    std::vector<float> v(n);
-    for (auto& x : v) x = d(g);
-    return v;
-}
-
 // Args: layer (0 = d 256, 1 = d 768), batch B, tokens per sequence T.
 void BM_gdn_prefill(benchmark::State& st) {
     const auto c = layer_config(static_cast<int>(st.range(0)));
@@ -58,7 +50,7 @@ void BM_gdn_prefill(benchmark::State& st) {
     hymix::cpu_backend be;
     hymix::gated_deltanet m(c, hymix::gated_deltanet_weights::random(c, 1));
     auto state = m.make_state(B);
-    const auto x = random_vec(static_cast<std::size_t>(B * T * c.d_model), 2);
+    const auto x = hymix::bench::random_vec(static_cast<std::size_t>(B * T * c.d_model), 2);
     std::vector<float> y(x.size());
     const auto batch = hymix::seq_batch::dense(B, T);
     hymix::tensor_view<const float, 2> xv(x.data(), {B * T, c.d_model});
@@ -84,7 +76,7 @@ void BM_gdn_decode(benchmark::State& st) {
     hymix::cpu_backend be;
     hymix::gated_deltanet m(c, hymix::gated_deltanet_weights::random(c, 1));
     auto state = m.make_state(B);
-    const auto x = random_vec(static_cast<std::size_t>(B * c.d_model), 3);
+    const auto x = hymix::bench::random_vec(static_cast<std::size_t>(B * c.d_model), 3);
     std::vector<float> y(x.size());
     std::vector<std::int64_t> slots(static_cast<std::size_t>(B));
     for (std::int64_t i = 0; i < B; ++i) slots[static_cast<std::size_t>(i)] = i;

@@ -1,11 +1,13 @@
 // This machine's measured ceilings (../shared/docs/machine.md, re-measured by bench_peak) and helpers that turn
 // a benchmark's counted FLOPs / bytes into GFLOP/s, GB/s and the fraction of peak, so every result is stated
-// against what the hardware can do.
+// against what the hardware can do. Also the seeded random inputs the benchmarks share.
 #pragma once
 
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
+#include <random>
+#include <vector>
 
 namespace hymix::bench {
 
@@ -29,6 +31,15 @@ inline void report(benchmark::State& st, double tokens, double flops, double byt
     // Fractions are rates divided by the peak: a rate counter scaled by 1/peak.
     st.counters["flop_peak_frac"] = benchmark::Counter(flops * iters * 1e-9 / peak_gflops(threads), benchmark::Counter::kIsRate);
     st.counters["bw_peak_frac"] = benchmark::Counter(bytes * iters * 1e-9 / peak_gbs(threads), benchmark::Counter::kIsRate);
+}
+
+/// n values uniform in [-1, 1) from a fixed seed: benchmark inputs.
+inline std::vector<float> random_vec(std::size_t n, std::uint64_t seed) {
+    std::mt19937_64 g(seed);
+    std::uniform_real_distribution<float> d(-1.f, 1.f);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(g);
+    return v;
 }
 
 }  // namespace hymix::bench

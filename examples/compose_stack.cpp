@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "hymix/backend/cpu.hpp"
-#include "hymix/gate/fixed_schedule.hpp"
+#include "hymix/schedule/layer_schedule.hpp"
 #include "hymix/mixer/attention.hpp"
 #include "hymix/mixer/gated_deltanet.hpp"
 #include "hymix/stack/model.hpp"

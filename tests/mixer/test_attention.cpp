@@ -11,6 +11,7 @@
 
 #include "hymix/backend/cpu.hpp"
 #include "hymix/mixer/attention.hpp"
+#include "support/mixer_harness.hpp"
 #include "support/random.hpp"
 
 using namespace hymix;
@@ -135,11 +136,13 @@ TEST_CASE("attention mixer: split invariance and prefill -> decode handover") {
             CHECK(test::rel_error(y, ref) < 1e-5);
             CHECK(test::rel_error(y, whole) < 1e-6);
             REQUIRE(st.length(0) == T);
-            for (std::int64_t h = 0; h < c.n_kv_heads; ++h) {
-                const float* a = &st.keys(0)(h, 0, 0);
-                const float* b = &st1.keys(0)(h, 0, 0);
-                CHECK(test::rel_error(a, b, static_cast<std::size_t>(T * c.head_dim)) < 1e-6);
-            }
+            // The keys both caches still hold (a sliding window evicts what no later query can see) agree.
+            const std::int64_t f = std::max(st.first(0), st1.first(0));
+            if (c.sliding_window > 0) CHECK(T - f >= c.sliding_window);
+            const auto ka = st.key_range(0, f, T), kb = st1.key_range(0, f, T);
+            for (std::int64_t h = 0; h < c.n_kv_heads; ++h)
+                for (std::int64_t t = 0; t < T - f; ++t)
+                    CHECK(test::rel_error(&ka(t, h, 0), &kb(t, h, 0), static_cast<std::size_t>(c.head_dim)) < 1e-6);
         }
         // Prefill 10, then 60 step() calls.
         auto st = m.make_state(1);
@@ -419,3 +422,8 @@ TEST_CASE("attention mixer: bad arguments throw") {
     w.k_norm = tensor<float>();
     CHECK_THROWS_AS(attention(c, w), shape_error);
 }
+
+// The shared invariants of every mixer (tests/support/mixer_harness.hpp), on every backend: Qwen3.5-style gated GQA
+// with partial RoPE and zero-centred qk-norm, and MQA without RoPE.
+HYMIX_MIXER_HARNESS("attention (gated GQA)", attention(cfg_gated(), attention_weights::random(cfg_gated(), 13)))
+HYMIX_MIXER_HARNESS("attention (MQA, NoPE)", attention(cfg_nope(), attention_weights::random(cfg_nope(), 14)))

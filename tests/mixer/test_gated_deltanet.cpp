@@ -10,6 +10,7 @@
 
 #include "hymix/backend/cpu.hpp"
 #include "hymix/mixer/gated_deltanet.hpp"
+#include "support/mixer_harness.hpp"
 #include "support/random.hpp"
 
 using namespace hymix;
@@ -508,3 +509,6 @@ TEST_CASE("bad arguments throw") {
         CHECK_THROWS_AS(m.make_state(-1), shape_error);
     }
 }
+
+// The shared invariants of every mixer (tests/support/mixer_harness.hpp), on every backend; GQA 2:1, chunk 16.
+HYMIX_MIXER_HARNESS("gated_deltanet", gated_deltanet(small_config(), test_weights(small_config(), 12)))

@@ -10,6 +10,7 @@
 
 #include "hymix/backend/cpu.hpp"
 #include "hymix/mixer/mamba2.hpp"
+#include "support/mixer_harness.hpp"
 #include "support/random.hpp"
 
 using namespace hymix;
@@ -572,3 +573,6 @@ TEST_CASE("mamba2 at the shared checkpoints' layer shape (d 256, 8×64 heads, N 
         CHECK(rel_error(conv_of(st, s), ref.conv) < 1e-6);
     }
 }
+
+// The shared invariants of every mixer (tests/support/mixer_harness.hpp), on every backend; G = 2 groups, chunk 16.
+HYMIX_MIXER_HARNESS("mamba2", mamba2(small_config(2), mamba2_weights::random(small_config(2), 11)))

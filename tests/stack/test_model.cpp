@@ -94,16 +94,16 @@ std::vector<double> stack_reference(const Stack& m, std::span<const std::int32_t
     for (std::int64_t t = 0; t < T; ++t)
         for (std::int64_t i = 0; i < D; ++i) x[t * D + i] = m.weights().embedding[toks[t] * D + i];
     for (std::int64_t l = 0; l < m.n_layers(); ++l) {
-        const auto& L = m.layer_at(l);
-        const auto& mx = std::get<mamba2>(L.mixer);
+        const auto& L = std::get<0>(m.layer_at(l));
+        const auto& mx = L.mixer();
         mamba2_ref_state st(mx.config());
-        auto h = norm(x, L.norm);
+        auto h = norm(x, L.norm());
         auto y = mamba2_reference(mx.config(), mx.weights(), h, T, st);
         for (std::size_t i = 0; i < x.size(); ++i) x[i] += y[i];
         if constexpr (Stack::mlp_type::present) {
-            auto h2 = norm(x, L.mlp_norm);
+            auto h2 = norm(x, L.mlp_norm());
             std::vector<double> y2(x.size());
-            kernels::swiglu_ref(L.mlp, tensor_view<const double, 2>(h2.data(), {T, D}), tensor_view<double, 2>(y2.data(), {T, D}));
+            kernels::swiglu_ref(L.mlp(), tensor_view<const double, 2>(h2.data(), {T, D}), tensor_view<double, 2>(y2.data(), {T, D}));
             for (std::size_t i = 0; i < x.size(); ++i) x[i] += y2[i];
         }
     }

@@ -1,9 +1,15 @@
-// What a backend must provide to run hymix kernels: a thread count, a parallel loop over index ranges,
-// and (for CPU backends) the SIMD architecture kernels are compiled for. Backends are types, never macros.
+// What a backend is: a device that owns a memory space (allocation, host<->device copies, synchronisation) and
+// executes work (a thread count and a parallel loop over index ranges). Backends are types, never macros:
+// tensors carry their memory space in their type (core/tensor.hpp), and every op is reached through one dispatch
+// point per backend (backend/op.hpp), so a host view cannot reach a device kernel and a missing op is a compile
+// error that names the op and the backend.
 #pragma once
 
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
+
+#include "hymix/core/memory_space.hpp"
 
 namespace hymix {
 
@@ -13,16 +19,31 @@ struct range_fn {
 };
 }  // namespace detail
 
-/// A backend executes work: `parallel_for(n, grain, f)` calls f(begin, end) over a partition of [0, n).
+/// A backend owns a memory space and executes work:
+///  - `memory_space`: the tag type of the memory its ops read and write (host_space for CPU backends);
+///  - `allocate(bytes)` / `deallocate(p, bytes)`: 64-byte aligned memory in that space;
+///  - `copy_to_host(dst, src, bytes)` / `copy_from_host(dst, src, bytes)`, `synchronize()`;
+///  - `num_threads()`, `parallel_for(n, grain, f)` calling f(begin, end) over a partition of [0, n);
+///  - `name`: a short name ("cpu", "ref") used by tools and error messages.
 template <class B>
-concept backend = requires(const B& b, std::int64_t n, detail::range_fn f) {
-    { b.num_threads() } -> std::convertible_to<int>;
-    b.parallel_for(n, n, f);
-    { B::name } -> std::convertible_to<const char*>;
-};
+concept backend = memory_space<typename B::memory_space> &&
+                  requires(const B& b, std::int64_t n, detail::range_fn f, void* p, const void* cp, std::size_t bytes) {
+                      { b.num_threads() } -> std::convertible_to<int>;
+                      b.parallel_for(n, n, f);
+                      { B::name } -> std::convertible_to<const char*>;
+                      { b.allocate(bytes) } -> std::same_as<void*>;
+                      b.deallocate(p, bytes);
+                      b.copy_to_host(p, cp, bytes);
+                      b.copy_from_host(p, cp, bytes);
+                      b.synchronize();
+                  };
 
-/// A CPU backend additionally names its xsimd architecture.
+/// A backend whose memory is the host's: its ops take ordinary host tensor views.
 template <class B>
-concept cpu_backend_type = backend<B> && requires { typename B::arch; };
+concept host_backend = backend<B> && std::same_as<typename B::memory_space, host_space>;
+
+/// A CPU backend additionally names its xsimd architecture (the SIMD width its kernels are compiled for).
+template <class B>
+concept cpu_backend_type = host_backend<B> && requires { typename B::arch; };
 
 }  // namespace hymix

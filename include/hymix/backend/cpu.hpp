@@ -1,10 +1,13 @@
-// The CPU backend: a oneTBB task_arena with a settable thread count, and the xsimd architecture fixed at
-// compile time (the best one the compiler flags allow: AVX-512 when built with -march=native here).
+// The CPU backend: host memory, a oneTBB task_arena with a settable thread count, and the xsimd architecture fixed
+// at compile time (the best one the compiler flags allow: AVX-512 when built with -march=native here).
+// Its op implementations (op_impl<Op, basic_cpu_backend<Arch>>) live beside each op in hymix/ops/.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <memory>
+#include <new>
 #include <string>
 
 #include <oneapi/tbb/blocked_range.h>
@@ -24,6 +27,7 @@ template <class Arch = xsimd::default_arch>
 class basic_cpu_backend {
 public:
     using arch = Arch;
+    using memory_space = host_space;
     static constexpr const char* name = "cpu";
 
     /// threads <= 0 means every core the process may use.
@@ -53,6 +57,14 @@ public:
                               [&](const tbb::blocked_range<std::int64_t>& r) { f(r.begin(), r.end()); });
         });
     }
+
+    /// 64-byte aligned host memory (not zeroed). Throws std::bad_alloc.
+    void* allocate(std::size_t bytes) const { return ::operator new(std::max<std::size_t>(bytes, 64), std::align_val_t{64}); }
+    void deallocate(void* p, std::size_t /*bytes*/) const noexcept { ::operator delete(p, std::align_val_t{64}); }
+    void copy_to_host(void* dst, const void* src, std::size_t bytes) const { std::memcpy(dst, src, bytes); }
+    void copy_from_host(void* dst, const void* src, std::size_t bytes) const { std::memcpy(dst, src, bytes); }
+    /// Every op has finished when it returns (parallel_for joins), so there is nothing to wait for.
+    void synchronize() const noexcept {}
 
 private:
     int threads_;

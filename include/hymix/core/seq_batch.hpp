@@ -4,6 +4,8 @@
 #pragma once
 
 #include <algorithm>
+#include <concepts>
+#include <optional>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -121,5 +123,58 @@ struct seq_batch {
             throw shape_error("seq_batch: two sequences of one call use the same state slot");
     }
 };
+
+/// A seq_batch checked once against a state's slot count, with the per-row bookkeeping every layer needs computed
+/// once: which rows are live (belong to a sequence with a valid slot) and whether the call is a decode step. Stacks
+/// build one per forward and pass it to every block and mixer, so nothing below re-validates or re-derives it.
+/// Holds a reference: the seq_batch must outlive it.
+class validated_batch {
+public:
+    /// Validates `b` (seq_batch::validate(n_slots); shape_error on failure) and derives the live-row mask.
+    validated_batch(const seq_batch& b, std::int64_t n_slots) : b_(&b), n_slots_(n_slots) {
+        b.validate(n_slots);
+        live_.assign(static_cast<std::size_t>(std::max<std::int64_t>(b.n_rows, 0)), 0);
+        for (std::int64_t i = 0; i < b.n_seq(); ++i) {
+            const auto s = static_cast<std::size_t>(i);
+            if (b.slots[s] < 0) continue;
+            std::fill_n(live_.begin() + b.starts[s], b.lengths[s], static_cast<unsigned char>(1));
+        }
+        decode_ = b.n_seq() > 0 && b.is_decode();
+    }
+
+    const seq_batch& batch() const noexcept { return *b_; }
+    operator const seq_batch&() const noexcept { return *b_; }  // NOLINT: a validated batch is a batch
+    std::int64_t n_rows() const noexcept { return b_->n_rows; }
+    std::int64_t n_seq() const noexcept { return b_->n_seq(); }
+    /// [n_rows] 1 where the row belongs to a sequence with a valid slot (padding and slot −1 rows are 0).
+    std::span<const unsigned char> live() const noexcept { return live_; }
+    /// Every sequence holds exactly one token (and there is at least one): mixers take their decode path.
+    bool is_decode() const noexcept { return decode_; }
+    /// The slot count it was validated against.
+    std::int64_t n_slots() const noexcept { return n_slots_; }
+
+private:
+    const seq_batch* b_;
+    std::int64_t n_slots_ = 0;
+    std::vector<unsigned char> live_;
+    bool decode_ = false;
+};
+
+/// The validated form of `vb` for a state of n_slots slots: `vb` itself (shape_error when it was validated against
+/// another slot count). Mixers call as_validated on whatever batch they get, so a stack's validated batch is used as
+/// it is and a plain seq_batch is validated once, into `store`.
+inline const validated_batch& as_validated(const validated_batch& vb, std::int64_t n_slots, std::optional<validated_batch>&) {
+    if (vb.n_slots() != n_slots)
+        throw shape_error("validated_batch: validated for " + std::to_string(vb.n_slots()) + " state slots, used with a state of " +
+                          std::to_string(n_slots));
+    return vb;
+}
+inline const validated_batch& as_validated(const seq_batch& b, std::int64_t n_slots, std::optional<validated_batch>& store) {
+    return store.emplace(b, n_slots);
+}
+
+/// A batch argument of a mixer: a seq_batch or an already validated one.
+template <class T>
+concept batch_like = std::same_as<T, seq_batch> || std::same_as<T, validated_batch>;
 
 }  // namespace hymix

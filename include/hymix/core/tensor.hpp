@@ -1,6 +1,8 @@
 // Tensor views (non-owning: pointer + shape + strides, rank fixed at compile time) and owning tensors
 // (64-byte aligned, rank chosen at run time). Layout is row-major, last index fastest (spec.md §0).
-// Views map onto Eigen matrices without copying; shape checks throw hymix::shape_error.
+// Views map onto Eigen matrices without copying; shape checks throw hymix::shape_error. A view's memory space is
+// part of its type (host_space by default): a view of device memory cannot be dereferenced on the host or passed
+// where a host view is expected (core/memory_space.hpp).
 #pragma once
 
 #include <algorithm>
@@ -22,6 +24,7 @@
 
 #include "hymix/core/dtype.hpp"
 #include "hymix/core/error.hpp"
+#include "hymix/core/memory_space.hpp"
 
 namespace hymix {
 
@@ -46,10 +49,12 @@ inline std::string label(std::string_view what, std::string_view part) {
 }
 }  // namespace detail
 
-/// Non-owning strided view of a rank-R tensor of T. Strides are in elements.
-template <class T, std::size_t R>
+/// Non-owning strided view of a rank-R tensor of T in memory space `Space`. Strides are in elements.
+/// Element access (operator(), matrix()) exists only for host-accessible spaces.
+template <class T, std::size_t R, memory_space Space = host_space>
 struct tensor_view {
     using value_type = T;
+    using space = Space;
     using index_array = std::array<std::int64_t, R>;
     static constexpr std::size_t rank = R;
 
@@ -61,10 +66,10 @@ struct tensor_view {
     /// Contiguous row-major view.
     tensor_view(T* p, const index_array& s) : data(p), shape(s), strides(contiguous_strides(s)) {}
     tensor_view(T* p, const index_array& s, const index_array& st) : data(p), shape(s), strides(st) {}
-    /// A view of const T from a view of T.
+    /// A view of const T from a view of T (same memory space only: there is no conversion between spaces).
     template <class U>
         requires(std::is_same_v<const U, T> && !std::is_same_v<U, T>)
-    tensor_view(const tensor_view<U, R>& o) : data(o.data), shape(o.shape), strides(o.strides) {}
+    tensor_view(const tensor_view<U, R, Space>& o) : data(o.data), shape(o.shape), strides(o.strides) {}
 
     static index_array contiguous_strides(const index_array& s) {
         index_array st{};
@@ -84,7 +89,7 @@ struct tensor_view {
     bool is_contiguous() const { return strides == contiguous_strides(shape); }
 
     template <class... I>
-        requires(sizeof...(I) == R)
+        requires(sizeof...(I) == R && Space::host_accessible)
     T& operator()(I... idx) const {
         const std::array<std::int64_t, R> i{static_cast<std::int64_t>(idx)...};
         std::int64_t off = 0;
@@ -93,10 +98,10 @@ struct tensor_view {
     }
 
     /// Sub-view fixing the leading index: rank R-1.
-    tensor_view<T, R - 1> operator[](std::int64_t i) const
+    tensor_view<T, R - 1, Space> operator[](std::int64_t i) const
         requires(R > 1)
     {
-        tensor_view<T, R - 1> v;
+        tensor_view<T, R - 1, Space> v;
         v.data = data + i * strides[0];
         std::copy(shape.begin() + 1, shape.end(), v.shape.begin());
         std::copy(strides.begin() + 1, strides.end(), v.strides.begin());
@@ -127,7 +132,7 @@ struct tensor_view {
 
     /// Eigen map of a rank-2 view (row-major, unit inner stride required).
     auto matrix() const
-        requires(R == 2)
+        requires(R == 2 && Space::host_accessible)
     {
         using M = Eigen::Matrix<std::remove_const_t<T>, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
         using MapT = std::conditional_t<std::is_const_v<T>, const M, M>;

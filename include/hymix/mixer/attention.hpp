@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -23,6 +24,11 @@
 #include "hymix/kernels/norm.hpp"
 #include "hymix/kernels/rope.hpp"
 #include "hymix/mixer/concepts.hpp"
+#include "hymix/mixer/kv_cache.hpp"
+#include "hymix/ops/attention.hpp"
+#include "hymix/ops/elementwise.hpp"
+#include "hymix/ops/linear.hpp"
+#include "hymix/ops/norm.hpp"
 
 namespace hymix {
 
@@ -144,107 +150,8 @@ struct attention_weights {
     }
 };
 
-/// KV cache of one attention layer: post-RoPE keys and values, fp32, layout [S, H_kv, capacity, d_h], plus the
-/// number of cached tokens (n_past) per slot. Capacity is shared by all slots and grows geometrically when a call
-/// would exceed it, so a decode step normally allocates nothing.
-class attention_state {
-public:
-    attention_state() = default;
-    attention_state(std::int64_t n_slots, std::int64_t n_kv_heads, std::int64_t head_dim, std::int64_t capacity = 0)
-        : n_slots_(n_slots), h_kv_(n_kv_heads), d_h_(head_dim), len_(static_cast<std::size_t>(std::max<std::int64_t>(n_slots, 0)), 0) {
-        if (n_slots < 0 || n_kv_heads <= 0 || head_dim <= 0)
-            throw config_error("attention_state: need n_slots >= 0, n_kv_heads > 0, head_dim > 0; found " + std::to_string(n_slots) +
-                               ", " + std::to_string(n_kv_heads) + ", " + std::to_string(head_dim));
-        reallocate(capacity);
-    }
-
-    std::int64_t n_slots() const noexcept { return n_slots_; }
-    std::int64_t n_kv_heads() const noexcept { return h_kv_; }
-    std::int64_t head_dim() const noexcept { return d_h_; }
-    /// Tokens each slot can hold before the cache grows.
-    std::int64_t capacity() const noexcept { return cap_; }
-    /// Tokens cached in `slot` (its n_past).
-    std::int64_t length(std::int64_t slot) const { return len_[static_cast<std::size_t>(check(slot))]; }
-
-    /// Makes room for `tokens` tokens per slot (exactly, no geometric slack); keeps the cached contents.
-    void reserve(std::int64_t tokens) {
-        if (tokens > cap_) reallocate(tokens);
-    }
-    /// Room for `tokens` per slot, growing geometrically (at least doubling) when the cache must grow.
-    void ensure(std::int64_t tokens) {
-        if (tokens > cap_) reallocate(std::max({tokens, 2 * cap_, std::int64_t{64}}));
-    }
-    /// A fresh sequence: the slot's cache becomes empty.
-    void reset_slot(std::int64_t slot) { len_[static_cast<std::size_t>(check(slot))] = 0; }
-    /// Slot `to` becomes a copy of slot `from` (prompt caching).
-    void copy_slot(std::int64_t from, std::int64_t to) {
-        check(from);
-        check(to);
-        if (from == to) return;
-        const std::int64_t n = len_[static_cast<std::size_t>(from)];
-        for (std::int64_t h = 0; h < h_kv_; ++h) {
-            std::copy_n(k_.data() + offset(from, h), n * d_h_, k_.data() + offset(to, h));
-            std::copy_n(v_.data() + offset(from, h), n * d_h_, v_.data() + offset(to, h));
-        }
-        len_[static_cast<std::size_t>(to)] = n;
-    }
-    /// Sets the cached token count of a slot (≤ capacity); the mixer calls it after appending.
-    void set_length(std::int64_t slot, std::int64_t n) {
-        if (n < 0 || n > cap_)
-            throw shape_error("attention_state: length " + std::to_string(n) + " outside [0, capacity " + std::to_string(cap_) + "]");
-        len_[static_cast<std::size_t>(check(slot))] = n;
-    }
-
-    /// Keys of one slot, [H_kv, capacity, d_h]; the first length(slot) tokens are valid.
-    tensor_view<float, 3> keys(std::int64_t slot) { return slot_view(k_, slot); }
-    tensor_view<float, 3> values(std::int64_t slot) { return slot_view(v_, slot); }
-    tensor_view<const float, 3> keys(std::int64_t slot) const { return const_cast<attention_state*>(this)->keys(slot); }
-    tensor_view<const float, 3> values(std::int64_t slot) const { return const_cast<attention_state*>(this)->values(slot); }
-
-private:
-    std::int64_t check(std::int64_t slot) const {
-        if (slot < 0 || slot >= n_slots_)
-            throw shape_error("attention_state: slot " + std::to_string(slot) + " outside [0, " + std::to_string(n_slots_) + ")");
-        return slot;
-    }
-    std::int64_t offset(std::int64_t slot, std::int64_t h) const { return ((slot * h_kv_) + h) * cap_ * d_h_; }
-    tensor_view<float, 3> slot_view(tensor<float>& t, std::int64_t slot) {
-        check(slot);
-        return tensor_view<float, 3>(t.data() + offset(slot, 0), {h_kv_, cap_, d_h_});
-    }
-    void reallocate(std::int64_t cap) {
-        tensor<float> k({n_slots_, h_kv_, cap, d_h_}), v({n_slots_, h_kv_, cap, d_h_});
-        for (std::int64_t s = 0; s < n_slots_; ++s)
-            for (std::int64_t h = 0; h < h_kv_; ++h) {
-                const std::int64_t n = len_[static_cast<std::size_t>(s)] * d_h_;
-                const std::int64_t dst = ((s * h_kv_) + h) * cap * d_h_;
-                if (n > 0) {
-                    std::copy_n(k_.data() + offset(s, h), n, k.data() + dst);
-                    std::copy_n(v_.data() + offset(s, h), n, v.data() + dst);
-                }
-            }
-        k_ = std::move(k);
-        v_ = std::move(v);
-        cap_ = cap;
-    }
-
-    std::int64_t n_slots_ = 0, h_kv_ = 0, d_h_ = 0, cap_ = 0;
-    std::vector<std::int64_t> len_;  // [S] cached tokens per slot
-    tensor<float> k_, v_;            // [S, H_kv, capacity, d_h]
-};
-
-namespace detail {
-/// a[i] ← a[i] · σ(g[i]) over n floats (σ saturates cleanly: exp overflow gives 0, underflow gives 1).
-template <class Arch>
-inline void mul_sigmoid(float* a, const float* g, std::int64_t n) {
-    using V = xsimd::batch<float, Arch>;
-    constexpr std::int64_t W = static_cast<std::int64_t>(V::size);
-    std::int64_t i = 0;
-    for (; i + W <= n; i += W)
-        (V::load_unaligned(a + i) / (V(1.f) + xsimd::exp(-V::load_unaligned(g + i)))).store_unaligned(a + i);
-    for (; i < n; ++i) a[i] *= sigmoid(g[i]);
-}
-}  // namespace detail
+/// The attention mixer's state is a KV cache (mixer/kv_cache.hpp).
+using attention_state = kv_cache;
 
 /// The attention mixer (see docs/architecture.md for the contract).
 class attention {
@@ -252,6 +159,7 @@ public:
     using config_type = attention_config;
     using weights_type = attention_weights;
     using state_type = attention_state;
+    static constexpr kind_info kind{layer_kind::attention, {"full_attention", "attention"}};
 
     /// Validates both (config_error / shape_error).
     attention(attention_config c, attention_weights w) : cfg_(c), w_(std::move(w)) {
@@ -265,29 +173,48 @@ public:
     attention_state make_state(std::int64_t n_slots) const { return attention_state(n_slots, cfg_.n_kv_heads, cfg_.head_dim); }
 
     /// Any token counts (chunked prefill; dispatches to the decode kernel when every sequence has one token).
-    /// x, y [n_rows, d_model]; appends each valid sequence's keys/values to its slot. Throws shape_error on bad
-    /// shapes, slots out of range or a state built for another layer shape.
-    template <cpu_backend_type B>
-    void forward(const B& be, attention_state& st, const seq_batch& batch, tensor_view<const float, 2> x,
-                 tensor_view<float, 2> y) const {
-        run(be, st, batch, x, y, batch.n_seq() > 0 && batch.is_decode());
+    /// x, y [n_rows, d_model]; appends each valid sequence's keys/values to its slot. `batch` is a seq_batch or a
+    /// validated_batch from a stack. Throws shape_error on bad shapes, slots out of range or a state built for another
+    /// layer shape.
+    template <host_backend B, batch_like Batch>
+    void forward(const B& be, attention_state& st, const Batch& batch, tensor_view<const float, 2> x, tensor_view<float, 2> y) const {
+        std::optional<validated_batch> tmp;
+        const validated_batch& vb = as_validated(batch, st.n_slots(), tmp);
+        run(be, st, vb, x, y, vb.is_decode(), {});
     }
 
     /// Decode step: every sequence must have exactly one token (else shape_error).
-    template <cpu_backend_type B>
-    void step(const B& be, attention_state& st, const seq_batch& batch, tensor_view<const float, 2> x,
-              tensor_view<float, 2> y) const {
-        for (std::int64_t i = 0; i < batch.n_seq(); ++i)
-            if (batch.lengths[static_cast<std::size_t>(i)] != 1)
+    template <host_backend B, batch_like Batch>
+    void step(const B& be, attention_state& st, const Batch& batch, tensor_view<const float, 2> x, tensor_view<float, 2> y) const {
+        const seq_batch& b = batch;
+        for (std::int64_t i = 0; i < b.n_seq(); ++i)
+            if (b.lengths[static_cast<std::size_t>(i)] != 1)
                 throw shape_error("attention::step: sequence " + std::to_string(i) + " has " +
-                                  std::to_string(batch.lengths[static_cast<std::size_t>(i)]) + " tokens, expected 1");
-        run(be, st, batch, x, y, true);
+                                  std::to_string(b.lengths[static_cast<std::size_t>(i)]) + " tokens, expected 1");
+        std::optional<validated_batch> tmp;
+        run(be, st, as_validated(batch, st.n_slots(), tmp), x, y, true, {});
+    }
+
+    /// Sparse queries (spec.md §5.6 true-sparse inference): every valid row's key and value go to the KV cache, but
+    /// only rows with fire[r] != 0 pay for the query projection, attention and o_proj; the other rows of y are 0.
+    /// fire [n_rows] (empty: every row fires, as forward). Equal to forward followed by zeroing unfired rows.
+    template <host_backend B, batch_like Batch>
+    void forward_sparse(const B& be, attention_state& st, const Batch& batch, tensor_view<const float, 2> x, tensor_view<float, 2> y,
+                        std::span<const unsigned char> fire) const {
+        const seq_batch& b = batch;
+        if (!fire.empty() && static_cast<std::int64_t>(fire.size()) != b.n_rows)
+            throw shape_error("attention::forward_sparse: fire mask has " + std::to_string(fire.size()) + " entries for " +
+                              std::to_string(b.n_rows) + " rows");
+        std::optional<validated_batch> tmp;
+        const validated_batch& vb = as_validated(batch, st.n_slots(), tmp);
+        run(be, st, vb, x, y, vb.is_decode(), fire);
     }
 
 private:
-    template <cpu_backend_type B>
-    void run(const B& be, attention_state& st, const seq_batch& batch, tensor_view<const float, 2> x, tensor_view<float, 2> y,
-             bool decode) const {
+    template <host_backend B>
+    void run(const B& be, attention_state& st, const validated_batch& vb, tensor_view<const float, 2> x, tensor_view<float, 2> y,
+             bool decode, std::span<const unsigned char> fire) const {
+        const seq_batch& batch = vb.batch();
         const std::int64_t d = cfg_.d_model, H = cfg_.n_heads, Hkv = cfg_.n_kv_heads, dh = cfg_.head_dim;
         const std::int64_t N = x.dim(0);
         x.require_shape({batch.n_rows, d}, "attention: x");
@@ -296,21 +223,10 @@ private:
             throw shape_error("attention: state holds [H_kv, d_h] = [" + std::to_string(st.n_kv_heads()) + ", " +
                               std::to_string(st.head_dim()) + "], the layer needs [" + std::to_string(Hkv) + ", " +
                               std::to_string(dh) + "]");
-        batch.validate(st.n_slots());
         if (N == 0) return;
 
-        // 1. Projections over every row (rows outside valid sequences are discarded below).
-        const std::int64_t qr = cfg_.q_rows(), kr = cfg_.kv_rows();
-        // One uninitialised workspace: q [N, qr], k [N, kr], v [N, kr], attention output a [N, H·d_h].
-        const std::int64_t ad = H * dh;
-        const std::unique_ptr<float[]> ws(new float[static_cast<std::size_t>(N * (qr + 2 * kr + ad))]);
-        const tensor_view<float, 2> q(ws.get(), {N, qr}), k(q.data + N * qr, {N, kr}), v(k.data + N * kr, {N, kr}),
-            a(v.data + N * kr, {N, ad});
-        kernels::linear(be, x, w_.q_proj.view<2>(), nullptr, q);
-        kernels::linear(be, x, w_.k_proj.view<2>(), nullptr, k);
-        kernels::linear(be, x, w_.v_proj.view<2>(), nullptr, v);
-
-        // 2. Positions, then qk-norm and RoPE row-parallel.
+        // Positions of the rows of valid sequences, and the query rows (every live row, or the fired ones).
+        const auto covered = vb.live();
         std::vector<std::int64_t> pos(static_cast<std::size_t>(N), 0);
         std::int64_t need = 0;
         for (std::int64_t s = 0; s < batch.n_seq(); ++s) {
@@ -318,92 +234,121 @@ private:
             if (batch.slots[i] < 0 || batch.lengths[i] == 0) continue;
             const std::int64_t past = st.length(batch.slots[i]);
             for (std::int64_t t = 0; t < batch.lengths[i]; ++t) pos[static_cast<std::size_t>(batch.starts[i] + t)] = past + t;
-            need = std::max(need, past + batch.lengths[i]);
+            need = std::max(need, st.stored(batch.slots[i]) + batch.lengths[i]);
         }
-        const std::int64_t qh_stride = cfg_.output_gate ? 2 * dh : dh;
-        tensor_view<float, 3> qv(q.data, {N, H, dh}, {qr, qh_stride, 1});  // queries [N, H, d_h]
-        tensor_view<float, 3> kv(k.data, {N, Hkv, dh});                    // keys [N, H_kv, d_h]
-        const std::int64_t d_rot = cfg_.rope_dims();
-        be.parallel_for(N, 16, [&](std::int64_t r0, std::int64_t r1) {
-            if (cfg_.qk_norm.mode != qk_norm_mode::none) {
-                const auto fl = cfg_.qk_norm.mode == qk_norm_mode::plain ? kernels::rms_flavor::plain : kernels::rms_flavor::zero_centered;
-                const auto eps = static_cast<float>(cfg_.qk_norm.eps);
-                for (std::int64_t r = r0; r < r1; ++r) {
-                    kernels::rms_norm<float>(qv[r], w_.q_norm.data(), eps, fl, qv[r]);
-                    kernels::rms_norm<float>(kv[r], w_.k_norm.data(), eps, fl, kv[r]);
+        const bool dense = fire.empty();
+        std::vector<std::int64_t> qrow_of;  // sparse: query row -> token row
+        std::vector<std::int64_t> qidx;     // sparse: token row -> query row or -1
+        if (!dense) {
+            qidx.assign(static_cast<std::size_t>(N), -1);
+            for (std::int64_t r = 0; r < N; ++r)
+                if (covered[static_cast<std::size_t>(r)] && fire[static_cast<std::size_t>(r)]) {
+                    qidx[static_cast<std::size_t>(r)] = static_cast<std::int64_t>(qrow_of.size());
+                    qrow_of.push_back(r);
                 }
-            }
-            if (d_rot > 0) {
-                const std::span<const std::int64_t> p(pos.data() + r0, static_cast<std::size_t>(r1 - r0));
-                kernels::rope(qv.slice(r0, r1 - r0), p, cfg_.rope.mode, cfg_.rope.theta, d_rot);
-                kernels::rope(kv.slice(r0, r1 - r0), p, cfg_.rope.mode, cfg_.rope.theta, d_rot);
-            }
-        });
+        }
+        const std::int64_t Nq = dense ? N : static_cast<std::int64_t>(qrow_of.size());
 
-        // 3. Append the new keys / values to each sequence's cache (parallel over sequence × KV head), then attend.
+        // 1. Projections: k, v for every row; q for the query rows.
+        const std::int64_t qr = cfg_.q_rows(), kr = cfg_.kv_rows(), ad = H * dh;
+        // One uninitialised workspace: q [Nq, qr], k [N, kr], v [N, kr], attention output a [Nq, H·d_h], and in the
+        // sparse case the gathered query inputs xq [Nq, d] and projected rows yq [Nq, d].
+        const std::int64_t extra = dense ? 0 : Nq * 2 * d;
+        const std::unique_ptr<float[]> ws(new float[static_cast<std::size_t>(Nq * (qr + ad) + 2 * N * kr + extra + 1)]);
+        const tensor_view<float, 2> q(ws.get(), {Nq, qr}), k(q.data + Nq * qr, {N, kr}), v(k.data + N * kr, {N, kr}),
+            a(v.data + N * kr, {Nq, ad});
+        tensor_view<const float, 2> xq = x;
+        if (!dense) {
+            tensor_view<float, 2> g(a.data + Nq * ad, {Nq, d});
+            ops::gather_rows(be, x, qrow_of, g);
+            xq = g;
+        }
+        ops::linear(be, xq, w_.q_proj.view<2>(), nullptr, q);
+        ops::linear(be, x, w_.k_proj.view<2>(), nullptr, k);
+        ops::linear(be, x, w_.v_proj.view<2>(), nullptr, v);
+
+        // 2. qk-norm, then RoPE at each row's position.
+        const std::int64_t qh_stride = cfg_.output_gate ? 2 * dh : dh;
+        tensor_view<float, 3> qv(q.data, {Nq, H, dh}, {qr, qh_stride, 1});  // queries [Nq, H, d_h]
+        tensor_view<float, 3> kv(k.data, {N, Hkv, dh});                     // keys [N, H_kv, d_h]
+        if (cfg_.qk_norm.mode != qk_norm_mode::none) {
+            const auto fl = cfg_.qk_norm.mode == qk_norm_mode::plain ? kernels::rms_flavor::plain : kernels::rms_flavor::zero_centered;
+            const auto eps = static_cast<float>(cfg_.qk_norm.eps);
+            ops::rms_norm_heads(be, qv, w_.q_norm.data(), eps, fl);
+            ops::rms_norm_heads(be, kv, w_.k_norm.data(), eps, fl);
+        }
+        const std::int64_t d_rot = cfg_.rope_dims();
+        if (d_rot > 0) {
+            std::vector<std::int64_t> qpos;
+            if (!dense)
+                for (auto r : qrow_of) qpos.push_back(pos[static_cast<std::size_t>(r)]);
+            ops::rope(be, qv, dense ? std::span<const std::int64_t>(pos) : std::span<const std::int64_t>(qpos), cfg_.rope.mode,
+                      cfg_.rope.theta, d_rot);
+            ops::rope(be, kv, pos, cfg_.rope.mode, cfg_.rope.theta, d_rot);
+        }
+
+        // 3. Append every valid row's key / value to its sequence's cache, then attend. A run of consecutive query
+        //    rows of one sequence is one problem (its queries are the last rows of the keys it sees).
         st.ensure(need);
         std::vector<kernels::attention_problem<float>> probs;
-        std::vector<std::int64_t> seq_of;
-        std::vector<tensor_view<float, 3>> kcs, vcs;  // per problem: the slot's cache [H_kv, capacity, d_h]
         for (std::int64_t s = 0; s < batch.n_seq(); ++s) {
             const auto i = static_cast<std::size_t>(s);
             const std::int64_t slot = batch.slots[i], T = batch.lengths[i], r0 = batch.starts[i];
             if (slot < 0 || T == 0) continue;
-            const std::int64_t Tk = st.length(slot) + T;
-            const auto kc = st.keys(slot), vc = st.values(slot);
-            kcs.push_back(kc);
-            vcs.push_back(vc);
-            kernels::attention_problem<float> p;
-            p.q = tensor_view<const float, 3>(qv.slice(r0, T));
-            p.k = tensor_view<const float, 3>(kc.data, {Tk, Hkv, dh}, {dh, kc.strides[0], 1});
-            p.v = tensor_view<const float, 3>(vc.data, {Tk, Hkv, dh}, {dh, vc.strides[0], 1});
-            p.o = tensor_view<float, 3>(&a(r0, 0), {T, H, dh});
-            probs.push_back(p);
-            seq_of.push_back(s);
-        }
-        const auto n_prob = static_cast<std::int64_t>(probs.size());
-        be.parallel_for(n_prob * Hkv, 1, [&](std::int64_t b, std::int64_t e) {
-            for (std::int64_t it = b; it < e; ++it) {
-                const auto j = static_cast<std::size_t>(it / Hkv);
-                const std::int64_t h = it % Hkv, s = seq_of[j];
-                const auto i = static_cast<std::size_t>(s);
-                const std::int64_t T = batch.lengths[i], r0 = batch.starts[i], past = probs[j].k.dim(0) - T;
-                float* kd = &kcs[j](h, past, 0);
-                float* vd = &vcs[j](h, past, 0);
-                for (std::int64_t t = 0; t < T; ++t) {
-                    std::memcpy(kd + t * dh, &k(r0 + t, h * dh), sizeof(float) * static_cast<std::size_t>(dh));
-                    std::memcpy(vd + t * dh, &v(r0 + t, h * dh), sizeof(float) * static_cast<std::size_t>(dh));
+            const std::int64_t past = st.length(slot);
+            st.write(be, slot, past, tensor_view<const float, 3>(k.data + r0 * kr, {T, Hkv, dh}),
+                     tensor_view<const float, 3>(v.data + r0 * kr, {T, Hkv, dh}));
+            for (std::int64_t t = 0; t < T;) {
+                const std::int64_t qi = dense ? r0 + t : qidx[static_cast<std::size_t>(r0 + t)];
+                if (qi < 0) {
+                    ++t;
+                    continue;
                 }
+                std::int64_t e = t + 1;
+                while (e < T && (dense || qidx[static_cast<std::size_t>(r0 + e)] >= 0)) ++e;
+                // Keys [from, past + e): all stored ones, or with a sliding window only those a query of the run can
+                // see (the queries stay the last rows of the keys, so the bottom-right mask is unchanged).
+                const std::int64_t Tk = past + e, w = cfg_.sliding_window;
+                const std::int64_t from = w > 0 ? std::max(st.first(slot), Tk - (e - t) - w + 1) : st.first(slot);
+                kernels::attention_problem<float> p;
+                p.q = tensor_view<const float, 3>(qv.slice(qi, e - t));
+                p.k = st.key_range(slot, from, Tk);
+                p.v = st.value_range(slot, from, Tk);
+                p.o = tensor_view<float, 3>(&a(qi, 0), {e - t, H, dh});
+                probs.push_back(p);
+                t = e;
             }
-        });
+        }
         const kernels::attention_params prm{cfg_.scale, cfg_.sliding_window};
         if (decode)
-            kernels::attention_decode(be, std::span<const kernels::attention_problem<float>>(probs), prm);
+            ops::attention_decode(be, std::span<const kernels::attention_problem<float>>(probs), prm);
         else
-            kernels::attention_prefill(be, std::span<const kernels::attention_problem<float>>(probs), prm);
-        for (std::size_t j = 0; j < probs.size(); ++j) {
-            const auto i = static_cast<std::size_t>(seq_of[j]);
-            st.set_length(batch.slots[i], st.length(batch.slots[i]) + batch.lengths[i]);
+            ops::attention_prefill(be, std::span<const kernels::attention_problem<float>>(probs), prm);
+        for (std::int64_t s = 0; s < batch.n_seq(); ++s) {
+            const auto i = static_cast<std::size_t>(s);
+            if (batch.slots[i] < 0 || batch.lengths[i] == 0) continue;
+            const std::int64_t len = st.length(batch.slots[i]) + batch.lengths[i];
+            st.set_length(batch.slots[i], len);
+            // A sliding window keeps the cache bounded: drop what no later query can see, once that is a window's worth.
+            if (cfg_.sliding_window > 0) st.evict_before(batch.slots[i], len - cfg_.sliding_window, cfg_.sliding_window);
         }
 
-        // Rows outside valid sequences are zero (every row of a valid sequence was written by the kernel).
-        std::vector<char> covered(static_cast<std::size_t>(N), 0);
-        for (std::size_t j = 0; j < probs.size(); ++j) {
-            const auto i = static_cast<std::size_t>(seq_of[j]);
-            std::fill_n(covered.begin() + batch.starts[i], batch.lengths[i], char{1});
+        // 4. Rows outside valid sequences are zero (every query row of a valid sequence was written by the kernel);
+        //    output gate σ(gate) per head channel, then o_proj (zero rows of a give zero rows of y).
+        const std::vector<unsigned char> ones(dense ? 0 : static_cast<std::size_t>(Nq), 1);
+        const std::span<const unsigned char> qcovered = dense ? covered : std::span<const unsigned char>(ones);
+        ops::zero_rows(be, a, qcovered);
+        if (cfg_.output_gate)
+            ops::mul_sigmoid(be, tensor_view<float, 3>(a.data, {Nq, H, dh}), tensor_view<const float, 3>(q.data + dh, {Nq, H, dh}, {qr, 2 * dh, 1}),
+                             qcovered);
+        if (dense) {
+            ops::linear(be, tensor_view<const float, 2>(a), w_.o_proj.view<2>(), nullptr, y);
+        } else {
+            tensor_view<float, 2> yq(a.data + Nq * ad + Nq * d, {Nq, d});
+            ops::linear(be, tensor_view<const float, 2>(a), w_.o_proj.view<2>(), nullptr, yq);
+            ops::zero_rows(be, y, std::vector<unsigned char>(static_cast<std::size_t>(N), 0));
+            ops::scatter_rows(be, tensor_view<const float, 2>(yq), qrow_of, y);
         }
-        for (std::int64_t r = 0; r < N; ++r)
-            if (!covered[static_cast<std::size_t>(r)]) std::fill_n(&a(r, 0), ad, 0.f);
-
-        // 4. Output gate σ(gate) per head channel, then o_proj (zero rows of a give zero rows of y).
-        if (cfg_.output_gate) {
-            be.parallel_for(N, 16, [&](std::int64_t r0, std::int64_t r1) {
-                for (std::int64_t r = r0; r < r1; ++r)
-                    for (std::int64_t h = 0; h < H && covered[static_cast<std::size_t>(r)]; ++h)
-                        detail::mul_sigmoid<typename B::arch>(&a(r, h * dh), &q(r, h * 2 * dh + dh), dh);
-            });
-        }
-        kernels::linear(be, tensor_view<const float, 2>(a), w_.o_proj.view<2>(), nullptr, y);
     }
 
     attention_config cfg_;
@@ -411,49 +356,101 @@ private:
 };
 
 static_assert(mixer<attention, cpu_backend>);
+static_assert(mixer<attention, reference_backend>);
 
-/// Whole-layer fp64 reference for one sequence that starts at position 0 (no cache): projections, qk-norm, RoPE
-/// (fp32 angles as in the fast path), attention with a materialised mask, output gate and o_proj, all in double.
-/// x [T, d_model] → y [T, d_model].
-inline void attention_layer_ref(const attention_config& c, const attention_weights& w, tensor_view<const double, 2> x,
-                                tensor_view<double, 2> y) {
+/// fp64 KV cache of every slot for attention_layer_ref: per slot the post-RoPE keys and the values of every token
+/// seen, [n, H_kv, d_h] flattened (the reference twin of kv_cache, never evicting).
+struct attention_ref_cache {
+    std::int64_t h_kv = 0, d_h = 0;
+    std::vector<std::vector<double>> k, v;  // [S][n · H_kv · d_h]
+    attention_ref_cache(const attention_config& c, std::int64_t n_slots)
+        : h_kv(c.n_kv_heads), d_h(c.head_dim), k(static_cast<std::size_t>(n_slots)), v(static_cast<std::size_t>(n_slots)) {}
+    std::int64_t length(std::int64_t slot) const {
+        return static_cast<std::int64_t>(k.at(static_cast<std::size_t>(slot)).size()) / (h_kv * d_h);
+    }
+    void reset_slot(std::int64_t i) {
+        k.at(static_cast<std::size_t>(i)).clear();
+        v.at(static_cast<std::size_t>(i)).clear();
+    }
+    void copy_slot(std::int64_t from, std::int64_t to) {
+        k.at(static_cast<std::size_t>(to)) = k.at(static_cast<std::size_t>(from));
+        v.at(static_cast<std::size_t>(to)) = v.at(static_cast<std::size_t>(from));
+    }
+};
+
+/// The whole layer in fp64 over a batch (the common *_layer_ref signature), continuing each slot's cache: projections,
+/// qk-norm, RoPE at absolute positions (fp32 angles as in the fast path), append to the cache, attention with a
+/// materialised causal (and window) mask over every cached key, output gate, o_proj. x, y [n_rows, d_model]; rows
+/// outside valid sequences get y = 0. Throws config_error / shape_error on bad arguments.
+inline void attention_layer_ref(const attention_config& c, const attention_weights& w, const seq_batch& batch,
+                                tensor_view<const double, 2> x, attention_ref_cache& st, tensor_view<double, 2> y) {
     c.validate();
     w.validate(c);
-    const std::int64_t T = x.dim(0), H = c.n_heads, Hkv = c.n_kv_heads, dh = c.head_dim, qr = c.q_rows(), kr = c.kv_rows();
-    x.require_shape({T, c.d_model}, "attention_layer_ref: x");
-    y.require_shape({T, c.d_model}, "attention_layer_ref: y");
-    tensor<double> q({T, qr}), k({T, kr}), v({T, kr}), o({T, H * dh});
-    kernels::linear_ref<double, float, double>(x, w.q_proj.view<2>(), nullptr, q.view<2>());
-    kernels::linear_ref<double, float, double>(x, w.k_proj.view<2>(), nullptr, k.view<2>());
-    kernels::linear_ref<double, float, double>(x, w.v_proj.view<2>(), nullptr, v.view<2>());
-    const std::int64_t qh_stride = c.output_gate ? 2 * dh : dh;
-    tensor_view<double, 3> qv(q.data(), {T, H, dh}, {qr, qh_stride, 1});
-    tensor_view<double, 3> kv(k.data(), {T, Hkv, dh});
-    if (c.qk_norm.mode != qk_norm_mode::none) {
-        const auto fl = c.qk_norm.mode == qk_norm_mode::plain ? kernels::rms_flavor::plain : kernels::rms_flavor::zero_centered;
-        std::vector<double> wq(w.q_norm.data(), w.q_norm.data() + dh), wk(w.k_norm.data(), w.k_norm.data() + dh);
-        for (std::int64_t t = 0; t < T; ++t) {
-            kernels::rms_norm<double>(qv[t], wq.data(), c.qk_norm.eps, fl, qv[t]);
-            kernels::rms_norm<double>(kv[t], wk.data(), c.qk_norm.eps, fl, kv[t]);
+    const std::int64_t H = c.n_heads, Hkv = c.n_kv_heads, dh = c.head_dim, qr = c.q_rows(), kr = c.kv_rows(), d = c.d_model;
+    x.require_shape({batch.n_rows, d}, "attention_layer_ref: x");
+    y.require_shape({batch.n_rows, d}, "attention_layer_ref: y");
+    batch.validate(static_cast<std::int64_t>(st.k.size()));
+    for (std::int64_t r = 0; r < batch.n_rows; ++r)
+        for (std::int64_t i = 0; i < d; ++i) y(r, i) = 0;
+    for (std::int64_t s = 0; s < batch.n_seq(); ++s) {
+        const auto si = static_cast<std::size_t>(s);
+        const std::int64_t slot = batch.slots[si], T = batch.lengths[si], r0 = batch.starts[si];
+        if (slot < 0 || T == 0) continue;
+        const std::int64_t past = st.length(slot);
+        const tensor_view<const double, 2> xs(&x(r0, 0), {T, d}, {x.strides[0], x.strides[1]});
+        tensor<double> q({T, qr}), k({T, kr}), v({T, kr}), o({T, H * dh});
+        kernels::linear_ref<double, float, double>(xs, w.q_proj.view<2>(), nullptr, q.view<2>());
+        kernels::linear_ref<double, float, double>(xs, w.k_proj.view<2>(), nullptr, k.view<2>());
+        kernels::linear_ref<double, float, double>(xs, w.v_proj.view<2>(), nullptr, v.view<2>());
+        const std::int64_t qh_stride = c.output_gate ? 2 * dh : dh;
+        tensor_view<double, 3> qv(q.data(), {T, H, dh}, {qr, qh_stride, 1});
+        tensor_view<double, 3> kv(k.data(), {T, Hkv, dh});
+        if (c.qk_norm.mode != qk_norm_mode::none) {
+            const auto fl = c.qk_norm.mode == qk_norm_mode::plain ? kernels::rms_flavor::plain : kernels::rms_flavor::zero_centered;
+            std::vector<double> wq(w.q_norm.data(), w.q_norm.data() + dh), wk(w.k_norm.data(), w.k_norm.data() + dh);
+            for (std::int64_t t = 0; t < T; ++t) {
+                kernels::rms_norm<double>(qv[t], wq.data(), c.qk_norm.eps, fl, qv[t]);
+                kernels::rms_norm<double>(kv[t], wk.data(), c.qk_norm.eps, fl, kv[t]);
+            }
         }
+        if (c.rope.mode != rope_mode::none) {
+            std::vector<std::int64_t> pos(static_cast<std::size_t>(T));
+            for (std::int64_t t = 0; t < T; ++t) pos[static_cast<std::size_t>(t)] = past + t;
+            kernels::rope_ref(qv, pos, c.rope.mode, c.rope.theta, c.rope_dims());
+            kernels::rope_ref(kv, pos, c.rope.mode, c.rope.theta, c.rope_dims());
+        }
+        auto& kc = st.k[static_cast<std::size_t>(slot)];
+        auto& vc = st.v[static_cast<std::size_t>(slot)];
+        kc.insert(kc.end(), k.data(), k.data() + T * kr);
+        vc.insert(vc.end(), v.data(), v.data() + T * kr);
+        kernels::attention_problem<double> p;
+        p.q = qv;
+        p.k = tensor_view<const double, 3>(kc.data(), {past + T, Hkv, dh});
+        p.v = tensor_view<const double, 3>(vc.data(), {past + T, Hkv, dh});
+        p.o = tensor_view<double, 3>(o.data(), {T, H, dh});
+        kernels::attention_ref(p, {c.scale, c.sliding_window});
+        if (c.output_gate)
+            for (std::int64_t t = 0; t < T; ++t)
+                for (std::int64_t h = 0; h < H; ++h)
+                    for (std::int64_t ch = 0; ch < dh; ++ch)
+                        o.data()[(t * H + h) * dh + ch] *= sigmoid(q.data()[t * qr + h * 2 * dh + dh + ch]);
+        tensor_view<double, 2> ys(&y(r0, 0), {T, d}, {y.strides[0], y.strides[1]});
+        kernels::linear_ref<double, float, double>(tensor_view<const double, 2>(o.view<2>()), w.o_proj.view<2>(), nullptr, ys);
     }
-    if (c.rope.mode != rope_mode::none) {
-        std::vector<std::int64_t> pos(static_cast<std::size_t>(T));
-        for (std::int64_t t = 0; t < T; ++t) pos[static_cast<std::size_t>(t)] = t;
-        kernels::rope_ref(qv, pos, c.rope.mode, c.rope.theta, c.rope_dims());
-        kernels::rope_ref(kv, pos, c.rope.mode, c.rope.theta, c.rope_dims());
-    }
-    kernels::attention_problem<double> p;
-    p.q = qv;
-    p.k = tensor_view<const double, 3>(k.data(), {T, Hkv, dh});
-    p.v = tensor_view<const double, 3>(v.data(), {T, Hkv, dh});
-    p.o = tensor_view<double, 3>(o.data(), {T, H, dh});
-    kernels::attention_ref(p, {c.scale, c.sliding_window});
-    if (c.output_gate)
-        for (std::int64_t t = 0; t < T; ++t)
-            for (std::int64_t h = 0; h < H; ++h)
-                for (std::int64_t ch = 0; ch < dh; ++ch) o.data()[(t * H + h) * dh + ch] *= sigmoid(q.data()[t * qr + h * 2 * dh + dh + ch]);
-    kernels::linear_ref<double, float, double>(tensor_view<const double, 2>(o.view<2>()), w.o_proj.view<2>(), nullptr, y);
+}
+
+/// One sequence from position 0 with a fresh cache: x [T, d_model] → y [T, d_model].
+inline void attention_layer_ref(const attention_config& c, const attention_weights& w, tensor_view<const double, 2> x,
+                                tensor_view<double, 2> y) {
+    attention_ref_cache st(c, 1);
+    attention_layer_ref(c, w, seq_batch::dense(1, x.dim(0)), x, st, y);
+}
+
+/// Mixer-level hooks used by generic tests (tests/support/mixer_harness.hpp).
+inline attention_ref_cache make_ref_state(const attention& m, std::int64_t n_slots) { return attention_ref_cache(m.config(), n_slots); }
+inline void layer_ref(const attention& m, const seq_batch& b, tensor_view<const double, 2> x, attention_ref_cache& st,
+                      tensor_view<double, 2> y) {
+    attention_layer_ref(m.config(), m.weights(), b, x, st, y);
 }
 
 }  // namespace hymix

@@ -9,6 +9,7 @@
 #include "hymix/backend/concepts.hpp"
 #include "hymix/core/seq_batch.hpp"
 #include "hymix/core/tensor.hpp"
+#include "hymix/schedule/layer_kind.hpp"
 
 namespace hymix {
 
@@ -19,6 +20,10 @@ concept mixer_state = requires(S& s, const S& cs, std::int64_t i) {
     s.reset_slot(i);          // a fresh sequence: zeros / empty cache
     s.copy_slot(i, i);        // prompt caching: slot `to` becomes a copy of slot `from`
 };
+
+/// A mixer that declares its layer kind (letter, name, Hugging Face layer types): `static constexpr kind_info kind`.
+template <class M>
+concept declares_kind = requires { { M::kind } -> std::convertible_to<kind_info>; };
 
 /// A sequence mixer usable on backend B. x and y are [n_rows, d_model] fp32 token matrices described by a
 /// seq_batch; the state is read at each sequence's slot and updated in place.

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -20,10 +21,13 @@
 #include "hymix/core/math.hpp"
 #include "hymix/core/seq_batch.hpp"
 #include "hymix/core/tensor.hpp"
-#include "hymix/kernels/conv1d.hpp"
 #include "hymix/kernels/gated_delta.hpp"
 #include "hymix/kernels/linear.hpp"
-#include "hymix/kernels/norm.hpp"
+#include "hymix/ops/conv1d.hpp"
+#include "hymix/ops/elementwise.hpp"
+#include "hymix/ops/gated_delta.hpp"
+#include "hymix/ops/linear.hpp"
+#include "hymix/ops/norm.hpp"
 #include "hymix/mixer/concepts.hpp"
 
 namespace hymix {
@@ -166,7 +170,7 @@ namespace detail {
 
 /// Checks x, y, state and batch of a mixer call against the config. Throws shape_error.
 inline void check_gdn_call(const gated_deltanet_config& c, const gated_deltanet_state& st, const seq_batch& batch,
-                           tensor_view<const float, 2> x, tensor_view<float, 2> y) {
+                           tensor_view<const float, 2> x, tensor_view<float, 2> y, bool validate_batch = true) {
     x.require_shape({batch.n_rows, c.d_model}, "gated_deltanet: x [n_rows, d_model]");
     y.require_shape({batch.n_rows, c.d_model}, "gated_deltanet: y [n_rows, d_model]");
     const std::int64_t S = st.n_slots();
@@ -175,7 +179,7 @@ inline void check_gdn_call(const gated_deltanet_config& c, const gated_deltanet_
         throw shape_error("gated_deltanet: state.ssm: expected shape " + shape_string(ws) + ", found " + shape_string(st.ssm.shape()));
     if (st.conv.shape() != wc)
         throw shape_error("gated_deltanet: state.conv: expected shape " + shape_string(wc) + ", found " + shape_string(st.conv.shape()));
-    batch.validate(S);
+    if (validate_batch) batch.validate(S);
 }
 
 /// Per-thread scratch of the mixer, grown to the largest call seen on that thread and reused (so steady-state
@@ -183,29 +187,6 @@ inline void check_gdn_call(const gated_deltanet_config& c, const gated_deltanet_
 inline std::vector<float>& gdn_workspace() {
     thread_local std::vector<float> ws;
     return ws;
-}
-
-/// In place on rows [n_rows, d_k] (contiguous): L2-normalise each row (eps inside the sqrt). Vectorised with xsimd.
-template <class Arch>
-void gdn_l2_norm_rows(float* rows,  // [n_rows, d_k]
-                      std::int64_t n_rows, std::int64_t dk, float l2_eps) {
-    using B = xsimd::batch<float, Arch>;
-    constexpr std::int64_t W = static_cast<std::int64_t>(B::size);
-    for (std::int64_t r = 0; r < n_rows; ++r) {
-        float* p = rows + r * dk;
-        B acc(0.f);
-        std::int64_t a = 0;
-        for (; a + W <= dk; a += W) {
-            const B x = B::load_unaligned(p + a);
-            acc = xsimd::fma(x, x, acc);
-        }
-        float ss = xsimd::hadd(acc);
-        for (; a < dk; ++a) ss += p[a] * p[a];
-        const float inv = 1.f / std::sqrt(ss + l2_eps);
-        a = 0;
-        for (; a + W <= dk; a += W) (B::load_unaligned(p + a) * B(inv)).store_unaligned(p + a);
-        for (; a < dk; ++a) p[a] *= inv;
-    }
 }
 
 }  // namespace detail
@@ -218,6 +199,7 @@ public:
     using config_type = gated_deltanet_config;
     using weights_type = gated_deltanet_weights;
     using state_type = gated_deltanet_state;
+    static constexpr kind_info kind{layer_kind::gated_deltanet, {"gated_deltanet", "linear_attention"}};
 
     /// Validates both (config_error / shape_error).
     gated_deltanet(gated_deltanet_config c, gated_deltanet_weights w) : cfg_(c), w_(std::move(w)) {
@@ -237,31 +219,34 @@ public:
         return s;
     }
 
-    /// y [n_rows, d] = layer(x [n_rows, d]) for every sequence of `batch`, any lengths. fp32.
-    /// Throws shape_error on mismatched x / y / state / batch.
-    template <cpu_backend_type B>
-    void forward(const B& be, gated_deltanet_state& st, const seq_batch& batch, tensor_view<const float, 2> x,
-                 tensor_view<float, 2> y) const {
-        detail::check_gdn_call(cfg_, st, batch, x, y);
-        run(be, st, batch, x, y, batch.n_seq() > 0 && batch.is_decode());
+    /// y [n_rows, d] = layer(x [n_rows, d]) for every sequence of `batch` (a seq_batch, or a validated_batch from a
+    /// stack), any lengths. fp32. Throws shape_error on mismatched x / y / state / batch.
+    template <host_backend B, batch_like Batch>
+    void forward(const B& be, gated_deltanet_state& st, const Batch& batch, tensor_view<const float, 2> x, tensor_view<float, 2> y) const {
+        detail::check_gdn_call(cfg_, st, batch, x, y, false);
+        std::optional<validated_batch> tmp;
+        const validated_batch& vb = as_validated(batch, st.n_slots(), tmp);
+        run(be, st, vb, x, y, vb.is_decode());
     }
 
     /// Decode step: every sequence of `batch` must have exactly one token (else shape_error). fp32.
-    template <cpu_backend_type B>
-    void step(const B& be, gated_deltanet_state& st, const seq_batch& batch, tensor_view<const float, 2> x,
-              tensor_view<float, 2> y) const {
-        detail::check_gdn_call(cfg_, st, batch, x, y);
-        for (std::int64_t s = 0; s < batch.n_seq(); ++s)
-            if (batch.lengths[s] != 1)
-                throw shape_error("gated_deltanet::step: sequence " + std::to_string(s) + " has " +
-                                  std::to_string(batch.lengths[s]) + " tokens, a decode step takes exactly 1");
-        run(be, st, batch, x, y, true);
+    template <host_backend B, batch_like Batch>
+    void step(const B& be, gated_deltanet_state& st, const Batch& batch, tensor_view<const float, 2> x, tensor_view<float, 2> y) const {
+        const seq_batch& b = batch;
+        detail::check_gdn_call(cfg_, st, b, x, y, false);
+        for (std::int64_t s = 0; s < b.n_seq(); ++s)
+            if (b.lengths[s] != 1)
+                throw shape_error("gated_deltanet::step: sequence " + std::to_string(s) + " has " + std::to_string(b.lengths[s]) +
+                                  " tokens, a decode step takes exactly 1");
+        std::optional<validated_batch> tmp;
+        run(be, st, as_validated(batch, st.n_slots(), tmp), x, y, true);
     }
 
 private:
-    template <cpu_backend_type B>
-    void run(const B& be, gated_deltanet_state& st, const seq_batch& batch, tensor_view<const float, 2> x,
+    template <host_backend B>
+    void run(const B& be, gated_deltanet_state& st, const validated_batch& vb, tensor_view<const float, 2> x,
              tensor_view<float, 2> y, bool decode) const {
+        const seq_batch& batch = vb.batch();
         const auto& c = cfg_;
         const std::int64_t n = batch.n_rows, Hk = c.n_k_heads, Hv = c.n_v_heads, dk = c.d_k, dv = c.d_v;
         const std::int64_t CD = c.conv_dim(), VD = c.value_dim(), KD = c.key_dim(), K = c.d_conv;
@@ -280,14 +265,14 @@ private:
         const auto qkv = take(CD), qkvc = take(CD), z = take(VD), o = take(VD), braw = take(Hv), araw = take(Hv),
                    g = take(Hv), beta = take(Hv);
         // 1. Projections on every row (padding rows are computed and discarded).
-        kernels::linear(be, x, w_.in_proj_qkv.view<2>(), nullptr, qkv);
-        kernels::linear(be, x, w_.in_proj_z.view<2>(), nullptr, z);
-        kernels::linear(be, x, w_.in_proj_b.view<2>(), nullptr, braw);
-        kernels::linear(be, x, w_.in_proj_a.view<2>(), nullptr, araw);
+        ops::linear(be, x, w_.in_proj_qkv.view<2>(), nullptr, qkv);
+        ops::linear(be, x, w_.in_proj_z.view<2>(), nullptr, z);
+        ops::linear(be, x, w_.in_proj_b.view<2>(), nullptr, braw);
+        ops::linear(be, x, w_.in_proj_a.view<2>(), nullptr, araw);
         // 2. Causal depthwise conv + SiLU per valid sequence, carrying its conv state, then L2 norms of the q and k
-        //    heads (eps inside the sqrt) while hot in cache. Prefill writes head-major buffers (q, k heads
-        //    [2·H_k, n, d_k], then v heads [H_v, n, d_v]; one task per (sequence, head)) so the chunked kernel streams
-        //    contiguous rows; decode keeps token-major rows [n, conv_dim] (one task per sequence: fewer, larger calls).
+        //    heads (eps inside the sqrt) fused in the conv op. Prefill writes head-major buffers (q, k heads
+        //    [2·H_k, n, d_k], then v heads [H_v, n, d_v]; one problem per (sequence, head)) so the chunked kernel
+        //    streams contiguous rows; decode keeps token-major rows [n, conv_dim] (one problem per sequence).
         //    Rows of padding / invalid entries stay unwritten: nothing downstream reads them.
         const bool head_major = !decode;
         const std::int64_t n_blk = head_major ? 2 * Hk + Hv : 1;
@@ -295,78 +280,56 @@ private:
         auto blk_width = [&](std::int64_t i) { return head_major ? (i < 2 * Hk ? dk : dv) : CD; };
         auto blk_data = [&](std::int64_t i) { return qkvc.data + n * blk_col(i); };  // head-major [n, width]
         {
-            std::vector<std::int64_t> seqs;
-            for (std::int64_t s = 0; s < batch.n_seq(); ++s)
-                if (batch.slots[s] >= 0 && batch.lengths[s] > 0) seqs.push_back(s);
-            const std::int64_t ntask = static_cast<std::int64_t>(seqs.size()) * n_blk;
-            be.parallel_for(ntask, 1, [&](std::int64_t b0, std::int64_t b1) {
-                for (std::int64_t i = b0; i < b1; ++i) {
-                    const std::int64_t s = seqs[static_cast<std::size_t>(i / n_blk)], blk = i % n_blk;
+            std::vector<ops::conv_problem<>> convs;
+            for (std::int64_t s = 0; s < batch.n_seq(); ++s) {
+                if (batch.slots[s] < 0 || batch.lengths[s] == 0) continue;
+                for (std::int64_t blk = 0; blk < n_blk; ++blk) {
                     const std::int64_t c0 = head_major ? blk_col(blk) : 0, cw = blk_width(blk);
                     const std::int64_t r0 = batch.starts[s], len = batch.lengths[s];
-                    tensor_view<const float, 2> xs(qkv.data + r0 * CD + c0, {len, cw}, {CD, 1});
-                    tensor_view<const float, 2> wsl(w_.conv1d_weight.data() + c0 * K, {cw, K});
+                    ops::conv_problem<> pr;
+                    pr.x = tensor_view<const float, 2>(qkv.data + r0 * CD + c0, {len, cw}, {CD, 1});
+                    pr.w = tensor_view<const float, 2>(w_.conv1d_weight.data() + c0 * K, {cw, K});
+                    pr.state = st.conv.data() + (batch.slots[s] * CD + c0) * (K - 1);
                     float* out = head_major ? blk_data(blk) + r0 * cw : qkvc.data + r0 * CD;
-                    float* state = st.conv.data() + (batch.slots[s] * CD + c0) * (K - 1);
-                    kernels::causal_conv1d<float>(xs, wsl, nullptr, state, kernels::conv_activation::silu,
-                                                  tensor_view<float, 2>(out, {len, cw}, {head_major ? cw : CD, 1}));
-                    if (head_major) {
-                        if (blk < 2 * Hk) detail::gdn_l2_norm_rows<typename B::arch>(out, len, dk, c.l2_eps);
-                    } else {
-                        for (std::int64_t t = 0; t < len; ++t)  // the 2·H_k contiguous q, k heads of each token
-                            detail::gdn_l2_norm_rows<typename B::arch>(out + t * CD, 2 * Hk, dk, c.l2_eps);
+                    pr.out = tensor_view<float, 2>(out, {len, cw}, {head_major ? cw : CD, 1});
+                    if (!head_major || blk < 2 * Hk) {
+                        pr.l2_group = dk;
+                        pr.l2_channels = head_major ? dk : 2 * KD;
+                        pr.l2_eps = c.l2_eps;
                     }
+                    convs.push_back(pr);
                 }
-            });
+            }
+            ops::causal_conv1d(be, std::span<const ops::conv_problem<>>(convs), kernels::conv_activation::silu);
         }
         // 3. Gates g and β.
-        be.parallel_for(n, 256, [&](std::int64_t r0, std::int64_t r1) {
-            for (std::int64_t r = r0; r < r1; ++r)
-                for (std::int64_t h = 0; h < Hv; ++h) {
-                    g(r, h) = kernels::gdn_log_decay(araw(r, h), w_.dt_bias[h], w_.A_log[h], c.decay_floor);
-                    beta(r, h) = kernels::gdn_beta(braw(r, h), c.allow_neg_eigval);
-                }
-        });
+        ops::gdn_gates(be, tensor_view<const float, 2>(araw), tensor_view<const float, 2>(braw), w_.dt_bias.data(), w_.A_log.data(),
+                       c.decay_floor, c.allow_neg_eigval, g, beta);
         // 4. The delta rule; o is head-major [H_v, n, d_v] in prefill, token-major [n, H_v, d_v] in decode.
         const float scale = 1.f / std::sqrt(static_cast<float>(dk));
         tensor_view<float, 4> ssm = st.ssm.view<4>();
+        tensor_view<float, 3> ov = head_major ? tensor_view<float, 3>(o.data, {n, Hv, dv}, {dv, n * dv, 1})
+                                              : tensor_view<float, 3>(o.data, {n, Hv, dv}, {VD, dv, 1});
         if (head_major) {
             tensor_view<const float, 3> q(blk_data(0), {n, Hk, dk}, {dk, n * dk, 1});
             tensor_view<const float, 3> k(blk_data(Hk), {n, Hk, dk}, {dk, n * dk, 1});
             tensor_view<const float, 3> v(blk_data(2 * Hk), {n, Hv, dv}, {dv, n * dv, 1});
-            tensor_view<float, 3> ov(o.data, {n, Hv, dv}, {dv, n * dv, 1});
-            kernels::gated_delta_rule_chunked(be, batch, q, k, v, g, beta, scale, ssm, ov, c.chunk_size);
+            ops::gated_delta_chunked(be, batch, q, k, v, g, beta, scale, ssm, ov, c.chunk_size);
         } else {
             tensor_view<const float, 3> q(qkvc.data, {n, Hk, dk}, {CD, dk, 1});
             tensor_view<const float, 3> k(qkvc.data + KD, {n, Hk, dk}, {CD, dk, 1});
             tensor_view<const float, 3> v(qkvc.data + 2 * KD, {n, Hv, dv}, {CD, dv, 1});
-            tensor_view<float, 3> ov(o.data, {n, Hv, dv}, {VD, dv, 1});
-            kernels::gated_delta_rule_step(be, batch, q, k, v, g, beta, scale, ssm, ov);
+            ops::gated_delta_step(be, batch, q, k, v, g, beta, scale, ssm, ov);
         }
         // 5. Gated RMSNorm, norm-then-gate per head over d_v, from o into token-major `on` [n, value_dim] (reusing the
-        //    projection buffer, consumed by the conv). Parallel over (head, row block).
+        //    projection buffer, consumed by the conv).
         const tensor_view<float, 2> on(qkv.data, {n, VD});
-        const std::int64_t rb = 256, nrb = (n + rb - 1) / rb;
-        be.parallel_for(Hv * nrb, 1, [&](std::int64_t b0, std::int64_t b1) {
-            for (std::int64_t i = b0; i < b1; ++i) {
-                const std::int64_t h = i / nrb, r0 = (i % nrb) * rb, m = std::min(rb, n - r0);
-                tensor_view<const float, 2> ys = head_major
-                                                     ? tensor_view<const float, 2>(o.data + (h * n + r0) * dv, {m, dv})
-                                                     : tensor_view<const float, 2>(o.data + r0 * VD + h * dv, {m, dv}, {VD, 1});
-                tensor_view<const float, 2> zs(z.data + r0 * VD + h * dv, {m, dv}, {VD, 1});
-                tensor_view<float, 2> os(on.data + r0 * VD + h * dv, {m, dv}, {VD, 1});
-                kernels::gated_rms_norm<float>(ys, zs, w_.norm_weight.data(), dv, dv, kernels::gate_order::norm_then_gate,
-                                               c.norm_eps, os);
-            }
-        });
+        ops::gated_rms_norm(be, tensor_view<const float, 3>(ov), tensor_view<const float, 3>(z.data, {n, Hv, dv}),
+                            w_.norm_weight.data(), dv, kernels::gate_order::norm_then_gate, c.norm_eps,
+                            tensor_view<float, 3>(on.data, {n, Hv, dv}));
         // 6. Output projection, then zero the rows of padding and invalid entries.
-        kernels::linear(be, tensor_view<const float, 2>(on), w_.out_proj.view<2>(), nullptr, y);
-        std::vector<char> covered(static_cast<std::size_t>(n), 0);
-        for (std::int64_t s = 0; s < batch.n_seq(); ++s)
-            if (batch.slots[s] >= 0) std::fill_n(covered.begin() + batch.starts[s], batch.lengths[s], char(1));
-        for (std::int64_t r = 0; r < n; ++r)
-            if (!covered[static_cast<std::size_t>(r)])
-                for (std::int64_t i = 0; i < c.d_model; ++i) y(r, i) = 0.f;
+        ops::linear(be, tensor_view<const float, 2>(on), w_.out_proj.view<2>(), nullptr, y);
+        ops::zero_rows(be, y, vb.live());
     }
 
     gated_deltanet_config cfg_;
@@ -374,6 +337,7 @@ private:
 };
 
 static_assert(mixer<gated_deltanet, cpu_backend>);
+static_assert(mixer<gated_deltanet, reference_backend>);
 
 /// Whole-layer reference in the precision of T (use double), token by token with obvious loops, from the same fp32
 /// weights: projections, conv window + SiLU, L2 norms, gates, the §4.1 recurrence, gated norm, out_proj.
@@ -459,6 +423,37 @@ void gated_deltanet_ref(const gated_deltanet_config& c, const gated_deltanet_wei
             for (std::int64_t i = 0; i < d; ++i) y(t, i) = dot(&w.out_proj[i * VD], o.data(), VD);
         }
     }
+}
+
+/// fp64 states of every slot for gated_deltanet_layer_ref: ssm [S, H_v, d_k, d_v], conv [S, conv_dim, K−1].
+struct gated_deltanet_ref_slots {
+    tensor<double> ssm, conv;
+    gated_deltanet_ref_slots(const gated_deltanet_config& c, std::int64_t n_slots)
+        : ssm({n_slots, c.n_v_heads, c.d_k, c.d_v}), conv({n_slots, c.conv_dim(), c.d_conv - 1}) {}
+    void reset_slot(std::int64_t i) {
+        std::fill_n(ssm.data() + i * (ssm.numel() / ssm.dim(0)), ssm.numel() / ssm.dim(0), 0.0);
+        std::fill_n(conv.data() + i * (conv.numel() / conv.dim(0)), conv.numel() / conv.dim(0), 0.0);
+    }
+    void copy_slot(std::int64_t from, std::int64_t to) {
+        const auto a = ssm.numel() / ssm.dim(0), b = conv.numel() / conv.dim(0);
+        std::copy_n(ssm.data() + from * a, a, ssm.data() + to * a);
+        std::copy_n(conv.data() + from * b, b, conv.data() + to * b);
+    }
+};
+
+/// The whole layer in fp64 over a batch (the common *_layer_ref signature): gated_deltanet_ref on the slots' states.
+inline void gated_deltanet_layer_ref(const gated_deltanet_config& c, const gated_deltanet_weights& w, const seq_batch& batch,
+                                     tensor_view<const double, 2> x, gated_deltanet_ref_slots& st, tensor_view<double, 2> y) {
+    gated_deltanet_ref<double>(c, w, batch, x, st.ssm.view<4>(), st.conv.view<3>(), y);
+}
+
+/// Mixer-level hooks used by generic tests (tests/support/mixer_harness.hpp).
+inline gated_deltanet_ref_slots make_ref_state(const gated_deltanet& m, std::int64_t n_slots) {
+    return gated_deltanet_ref_slots(m.config(), n_slots);
+}
+inline void layer_ref(const gated_deltanet& m, const seq_batch& b, tensor_view<const double, 2> x, gated_deltanet_ref_slots& st,
+                      tensor_view<double, 2> y) {
+    gated_deltanet_layer_ref(m.config(), m.weights(), b, x, st, y);
 }
 
 }  // namespace hymix

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -19,10 +20,12 @@
 #include "hymix/core/math.hpp"
 #include "hymix/core/seq_batch.hpp"
 #include "hymix/core/tensor.hpp"
-#include "hymix/kernels/conv1d.hpp"
-#include "hymix/kernels/linear.hpp"
-#include "hymix/kernels/norm.hpp"
 #include "hymix/kernels/ssd.hpp"
+#include "hymix/ops/conv1d.hpp"
+#include "hymix/ops/elementwise.hpp"
+#include "hymix/ops/linear.hpp"
+#include "hymix/ops/norm.hpp"
+#include "hymix/ops/ssd.hpp"
 #include "hymix/mixer/concepts.hpp"
 
 namespace hymix {
@@ -225,6 +228,7 @@ public:
     using config_type = mamba2_config;
     using weights_type = mamba2_weights;
     using state_type = mamba2_state;
+    static constexpr kind_info kind{layer_kind::mamba2, {"mamba2", "mamba", "m2"}};
 
     /// Validates both (config_error / shape_error).
     mamba2(mamba2_config cfg, mamba2_weights w) : cfg_(cfg), w_(std::move(w)) {
@@ -243,21 +247,25 @@ public:
     /// x [n_rows, d] fp32, y [n_rows, d] fp32 (rows outside valid sequences are zeroed). The state is read and
     /// updated at each sequence's slot (slot −1: zero output, no state touched). Throws shape_error on shape,
     /// slot or state mismatches.
-    template <cpu_backend_type B>
-    void forward(const B& be, mamba2_state& st, const seq_batch& batch, tensor_view<const float, 2> x,
-                 tensor_view<float, 2> y) const {
-        run(be, st, batch, x, y, batch.n_seq() > 0 && batch.is_decode());
+    template <host_backend B, batch_like Batch>
+    void forward(const B& be, mamba2_state& st, const Batch& batch, tensor_view<const float, 2> x, tensor_view<float, 2> y) const {
+        st.validate(cfg_);
+        std::optional<validated_batch> tmp;
+        const validated_batch& vb = as_validated(batch, st.n_slots(), tmp);
+        run(be, st, vb, x, y, vb.is_decode());
     }
 
     /// Decode step: every sequence must hold exactly one token (shape_error otherwise). Shapes as forward.
-    template <cpu_backend_type B>
-    void step(const B& be, mamba2_state& st, const seq_batch& batch, tensor_view<const float, 2> x,
-              tensor_view<float, 2> y) const {
-        for (std::int64_t i = 0; i < batch.n_seq(); ++i)
-            if (batch.lengths[i] != 1)
-                throw shape_error("mamba2::step: sequence " + std::to_string(i) + " has " + std::to_string(batch.lengths[i]) +
+    template <host_backend B, batch_like Batch>
+    void step(const B& be, mamba2_state& st, const Batch& batch, tensor_view<const float, 2> x, tensor_view<float, 2> y) const {
+        const seq_batch& b = batch;
+        for (std::int64_t i = 0; i < b.n_seq(); ++i)
+            if (b.lengths[i] != 1)
+                throw shape_error("mamba2::step: sequence " + std::to_string(i) + " has " + std::to_string(b.lengths[i]) +
                                   " tokens, a decode step takes exactly 1 per sequence");
-        run(be, st, batch, x, y, true);
+        st.validate(cfg_);
+        std::optional<validated_batch> tmp;
+        run(be, st, as_validated(batch, st.n_slots(), tmp), x, y, true);
     }
 
 private:
@@ -309,16 +317,15 @@ private:
         std::size_t used_ = 0;
     };
 
-    template <cpu_backend_type B>
-    void run(const B& be, mamba2_state& st, const seq_batch& batch, tensor_view<const float, 2> x,
+    template <host_backend B>
+    void run(const B& be, mamba2_state& st, const validated_batch& vb, tensor_view<const float, 2> x,
              tensor_view<float, 2> y, bool decode) const {
+        const seq_batch& batch = vb.batch();
         const std::int64_t d = cfg_.d_model, di = cfg_.d_inner(), H = cfg_.n_heads, P = cfg_.head_dim, G = cfg_.n_groups,
                            N = cfg_.d_state, K = cfg_.d_conv, cd = cfg_.conv_dim(), np = cfg_.d_in_proj();
         x.require_shape({batch.n_rows, d}, "mamba2: x");
         y.require_shape({batch.n_rows, d}, "mamba2: y");
         if (x.strides[1] != 1 || y.strides[1] != 1) throw shape_error("mamba2: x and y need unit inner stride");
-        st.validate(cfg_);
-        batch.validate(st.n_slots());
 
         // Valid sequences, packed into rows [0, Rp) of the work buffers.
         struct item {
@@ -334,49 +341,51 @@ private:
         // When the valid sequences already tile all rows in order, x and y are used in place (no gather/scatter).
         bool in_place = Rp == batch.n_rows;
         for (const auto& it : items) in_place = in_place && it.src == it.packed;
-        if (!in_place)
-            for (std::int64_t r = 0; r < y.dim(0); ++r) std::fill_n(&y(r, 0), d, 0.0f);
+        if (!in_place) ops::zero_rows(be, y, std::vector<unsigned char>(static_cast<std::size_t>(y.dim(0)), 0));
         if (Rp == 0) return;
-        const auto n_items = static_cast<std::int64_t>(items.size());
 
         const auto sz = [](std::int64_t n) { return scratch::rounded(static_cast<std::size_t>(n)); };
         scratch ws((in_place ? 0 : sz(Rp * d) * 2) + sz(Rp * np) + sz(Rp * cd) + sz(Rp * H) + sz(Rp * di));
         tensor_view<const float, 2> xin = x;  // [Rp, d]
         tensor_view<float, 2> yout = y;       // [Rp, d]
+        std::vector<std::int64_t> rows;       // packed row -> caller's row
         if (!in_place) {
-            float* xp = ws.take(std::size_t(Rp * d));
+            rows.resize(static_cast<std::size_t>(Rp));
             for (const auto& it : items)
-                for (std::int64_t t = 0; t < it.len; ++t) std::copy_n(&x(it.src + t, 0), d, xp + (it.packed + t) * d);
-            xin = tensor_view<const float, 2>(xp, {Rp, d});
+                for (std::int64_t t = 0; t < it.len; ++t) rows[static_cast<std::size_t>(it.packed + t)] = it.src + t;
+            tensor_view<float, 2> xp(ws.take(std::size_t(Rp * d)), {Rp, d});
+            ops::gather_rows(be, x, rows, xp);
+            xin = xp;
             yout = tensor_view<float, 2>(ws.take(std::size_t(Rp * d)), {Rp, d});
         }
 
         // 1. zxbcdt = x W_inᵀ  [Rp, 2·d_inner + 2GN + H] = [z | xBC | dt]
         float* zx = ws.take(std::size_t(Rp * np));
         tensor_view<float, 2> zxv(zx, {Rp, np});
-        kernels::linear(be, xin, w_.in_proj.view<2>(),
-                        cfg_.proj_bias ? w_.in_proj_bias.data() : nullptr, zxv);
+        ops::linear(be, xin, w_.in_proj.view<2>(), cfg_.proj_bias ? w_.in_proj_bias.data() : nullptr, zxv);
 
-        // 2. xBC ← silu(conv(xBC) + b), per (sequence, channel block); the conv state slot is updated.
+        // 2. xBC ← silu(conv(xBC) + b), one problem per (sequence, channel block); the conv state slot is updated.
         float* xbc = ws.take(std::size_t(Rp * cd));
         const std::int64_t cblk = 128, n_cblk = (cd + cblk - 1) / cblk;
-        be.parallel_for(n_items * n_cblk, 1, [&](std::int64_t i0, std::int64_t i1) {
-            for (std::int64_t i = i0; i < i1; ++i) {
-                const auto& it = items[i / n_cblk];
-                const std::int64_t c0 = (i % n_cblk) * cblk, cn = std::min(cblk, cd - c0);
-                tensor_view<const float, 2> in(zx + it.packed * np + di + c0, {it.len, cn}, {np, 1});
-                tensor_view<const float, 2> wv(w_.conv1d_weight.data() + c0 * K, {cn, K});
-                tensor_view<float, 2> out(xbc + it.packed * cd + c0, {it.len, cn}, {cd, 1});
-                kernels::causal_conv1d<float>(in, wv, cfg_.conv_bias ? w_.conv1d_bias.data() + c0 : nullptr,
-                                              st.conv_slot(it.slot) + c0 * (K - 1), kernels::conv_activation::silu, out);
+        std::vector<ops::conv_problem<>> convs;
+        convs.reserve(items.size() * static_cast<std::size_t>(n_cblk));
+        for (const auto& it : items)
+            for (std::int64_t c0 = 0; c0 < cd; c0 += cblk) {
+                const std::int64_t cn = std::min(cblk, cd - c0);
+                ops::conv_problem<> p;
+                p.x = tensor_view<const float, 2>(zx + it.packed * np + di + c0, {it.len, cn}, {np, 1});
+                p.w = tensor_view<const float, 2>(w_.conv1d_weight.data() + c0 * K, {cn, K});
+                p.bias = cfg_.conv_bias ? w_.conv1d_bias.data() + c0 : nullptr;
+                p.state = st.conv_slot(it.slot) + c0 * (K - 1);
+                p.out = tensor_view<float, 2>(xbc + it.packed * cd + c0, {it.len, cn}, {cd, 1});
+                convs.push_back(p);
             }
-        });
+        ops::causal_conv1d(be, std::span<const ops::conv_problem<>>(convs), kernels::conv_activation::silu);
 
         // 3. Δ = clamp(softplus(dt + dt_bias), lo, hi)  [Rp, H]
         float* dtv = ws.take(std::size_t(Rp * H));
-        for (std::int64_t r = 0; r < Rp; ++r)
-            for (std::int64_t h = 0; h < H; ++h)
-                dtv[r * H + h] = std::clamp(softplus(zx[r * np + np - H + h] + w_.dt_bias[h]), cfg_.dt_limit.lo, cfg_.dt_limit.hi);
+        ops::ssd_delta(be, tensor_view<const float, 2>(zx + np - H, {Rp, H}, {np, 1}), w_.dt_bias.data(), cfg_.dt_limit.lo,
+                       cfg_.dt_limit.hi, tensor_view<float, 2>(dtv, {Rp, H}));
 
         // 4. SSD (+ D x)  → ys [Rp, H, P]
         kernels::ssd_inputs<float> in;
@@ -392,26 +401,20 @@ private:
         float* ys = ws.take(std::size_t(Rp * di));
         tensor_view<float, 3> ysv(ys, {Rp, H, P});
         if (decode)
-            kernels::ssd_step(be, in, std::span<const kernels::ssd_sequence<float>>(seqs), ysv);
+            ops::ssd_step(be, in, std::span<const kernels::ssd_sequence<float>>(seqs), ysv);
         else
-            kernels::ssd_chunked(be, in, std::span<const kernels::ssd_sequence<float>>(seqs), cfg_.chunk_size, ysv);
+            ops::ssd_chunked(be, in, std::span<const kernels::ssd_sequence<float>>(seqs), cfg_.chunk_size, ysv);
 
         // 5. gated RMSNorm (gate then norm, per group), in place on ys.
-        const std::int64_t gs = cfg_.group_size();
-        be.parallel_for(Rp, 32, [&](std::int64_t r0, std::int64_t r1) {
-            tensor_view<const float, 2> yv(ys + r0 * di, {r1 - r0, di});
-            tensor_view<const float, 2> zv(zx + r0 * np, {r1 - r0, di}, {np, 1});
-            tensor_view<float, 2> ov(ys + r0 * di, {r1 - r0, di});
-            kernels::gated_rms_norm<float>(yv, zv, w_.norm_weight.data(), di, gs, kernels::gate_order::gate_then_norm,
-                                           cfg_.norm_eps, ov);
-        });
+        const std::int64_t gs = cfg_.group_size(), ng = di / gs;
+        ops::gated_rms_norm(be, tensor_view<const float, 3>(ys, {Rp, ng, gs}), tensor_view<const float, 3>(zx, {Rp, ng, gs}, {np, gs, 1}),
+                            w_.norm_weight.data(), di, kernels::gate_order::gate_then_norm, cfg_.norm_eps,
+                            tensor_view<float, 3>(ys, {Rp, ng, gs}));
 
         // 6. out = y' W_outᵀ, scattered back to the caller's rows.
-        kernels::linear(be, tensor_view<const float, 2>(ys, {Rp, di}), w_.out_proj.view<2>(),
-                        cfg_.proj_bias ? w_.out_proj_bias.data() : nullptr, yout);
-        if (!in_place)
-            for (const auto& it : items)
-                for (std::int64_t t = 0; t < it.len; ++t) std::copy_n(&yout(it.packed + t, 0), d, &y(it.src + t, 0));
+        ops::linear(be, tensor_view<const float, 2>(ys, {Rp, di}), w_.out_proj.view<2>(),
+                    cfg_.proj_bias ? w_.out_proj_bias.data() : nullptr, yout);
+        if (!in_place) ops::scatter_rows(be, tensor_view<const float, 2>(yout), rows, y);
     }
 
 public:
@@ -425,6 +428,7 @@ private:
 };
 
 static_assert(mixer<mamba2, cpu_backend>);
+static_assert(mixer<mamba2, reference_backend>);
 
 /// fp64 state of one sequence for mamba2_reference: ssm [H, P, N], conv [conv_dim, K − 1] (same layouts as a slot).
 struct mamba2_ref_state {
@@ -502,6 +506,44 @@ inline std::vector<double> mamba2_reference(const mamba2_config& cfg, const mamb
         }
     }
     return y;
+}
+
+/// fp64 states of every slot for mamba2_layer_ref (the reference twin of mamba2_state).
+struct mamba2_ref_slots {
+    std::vector<mamba2_ref_state> slots;
+    mamba2_config cfg;
+    mamba2_ref_slots(const mamba2_config& c, std::int64_t n_slots) : slots(static_cast<std::size_t>(n_slots), mamba2_ref_state(c)), cfg(c) {}
+    void reset_slot(std::int64_t i) { slots.at(static_cast<std::size_t>(i)) = mamba2_ref_state(cfg); }
+    void copy_slot(std::int64_t from, std::int64_t to) { slots.at(static_cast<std::size_t>(to)) = slots.at(static_cast<std::size_t>(from)); }
+};
+
+/// The whole layer in fp64 over a batch (the common signature of every *_layer_ref): for each sequence of `batch`
+/// with a valid slot, its rows of x [n_rows, d] run token by token (mamba2_reference) from and into st.slots[slot];
+/// y [n_rows, d] gets those rows, every other row 0. Throws shape_error on mismatched shapes or slots.
+inline void mamba2_layer_ref(const mamba2_config& cfg, const mamba2_weights& w, const seq_batch& batch,
+                             tensor_view<const double, 2> x, mamba2_ref_slots& st, tensor_view<double, 2> y) {
+    const std::int64_t d = cfg.d_model;
+    x.require_shape({batch.n_rows, d}, "mamba2_layer_ref: x");
+    y.require_shape({batch.n_rows, d}, "mamba2_layer_ref: y");
+    batch.validate(static_cast<std::int64_t>(st.slots.size()));
+    for (std::int64_t r = 0; r < batch.n_rows; ++r)
+        for (std::int64_t i = 0; i < d; ++i) y(r, i) = 0;
+    for (std::int64_t s = 0; s < batch.n_seq(); ++s) {
+        const auto i = static_cast<std::size_t>(s);
+        if (batch.slots[i] < 0 || batch.lengths[i] == 0) continue;
+        std::vector<double> xs(static_cast<std::size_t>(batch.lengths[i] * d));
+        for (std::int64_t t = 0; t < batch.lengths[i]; ++t)
+            for (std::int64_t c = 0; c < d; ++c) xs[static_cast<std::size_t>(t * d + c)] = x(batch.starts[i] + t, c);
+        const auto ys = mamba2_reference(cfg, w, xs, batch.lengths[i], st.slots[static_cast<std::size_t>(batch.slots[i])]);
+        for (std::int64_t t = 0; t < batch.lengths[i]; ++t)
+            for (std::int64_t c = 0; c < d; ++c) y(batch.starts[i] + t, c) = ys[static_cast<std::size_t>(t * d + c)];
+    }
+}
+
+/// Mixer-level hooks used by generic tests (tests/support/mixer_harness.hpp).
+inline mamba2_ref_slots make_ref_state(const mamba2& m, std::int64_t n_slots) { return mamba2_ref_slots(m.config(), n_slots); }
+inline void layer_ref(const mamba2& m, const seq_batch& b, tensor_view<const double, 2> x, mamba2_ref_slots& st, tensor_view<double, 2> y) {
+    mamba2_layer_ref(m.config(), m.weights(), b, x, st, y);
 }
 
 }  // namespace hymix

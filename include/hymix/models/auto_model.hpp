@@ -1,6 +1,7 @@
-// Run-time facade over the compiled stacks: `auto_model::load(dir)` reads config.json, picks the stack type for
-// the checkpoint family (HF Mamba2ForCausalLM, Qwen3_5ForCausalLM text models; spec.md §3.7, §4.7) and hides it
-// behind one API (pimpl: a small virtual interface over `model<...>` instances and their caches).
+// Run-time facade over the compiled stacks: `basic_auto_model<B>::load(dir)` reads config.json, picks the stack type
+// for the checkpoint family (HF Mamba2ForCausalLM, Qwen3_5ForCausalLM text models; spec.md §3.7, §4.7) and hides it
+// behind one API (pimpl: a small virtual interface over `model<...>` instances and their caches), running on a
+// backend of type B: `auto_model` (the CPU backend) or `reference_auto_model` (the fp64 reference backend).
 #pragma once
 
 #include <cstdint>
@@ -12,10 +13,11 @@
 #include <vector>
 
 #include "hymix/backend/cpu.hpp"
+#include "hymix/backend/reference.hpp"
 #include "hymix/core/error.hpp"
 #include "hymix/core/seq_batch.hpp"
 #include "hymix/core/tensor.hpp"
-#include "hymix/gate/fixed_schedule.hpp"
+#include "hymix/schedule/layer_schedule.hpp"
 #include "hymix/models/checkpoint.hpp"
 #include "hymix/models/hf_mamba2.hpp"
 #include "hymix/models/hf_qwen3_5.hpp"
@@ -37,17 +39,18 @@ struct any_cache {
     const void* owner = nullptr;  // the stack that made it
 };
 
+template <class B>
 struct any_stack {
     virtual ~any_stack() = default;
     virtual std::unique_ptr<any_cache> make_cache(std::int64_t n_slots) const = 0;
     virtual void reset_slot(any_cache&, std::int64_t) const = 0;
     virtual void copy_slot(any_cache&, std::int64_t, std::int64_t) const = 0;
-    virtual void forward(const cpu_backend&, any_cache&, const seq_batch&, std::span<const std::int32_t>,
-                         tensor_view<float, 2>, bool last_only) const = 0;
+    virtual void forward(const B&, any_cache&, const seq_batch&, std::span<const std::int32_t>, tensor_view<float, 2>,
+                         bool last_only) const = 0;
 };
 
-template <class Stack>
-struct stack_holder final : any_stack {
+template <class B, class Stack>
+struct stack_holder final : any_stack<B> {
     struct cache_holder final : any_cache {
         typename Stack::cache_type c;
     };
@@ -66,7 +69,7 @@ struct stack_holder final : any_stack {
     }
     void reset_slot(any_cache& c, std::int64_t s) const override { get(c).c.reset_slot(s); }
     void copy_slot(any_cache& c, std::int64_t f, std::int64_t t) const override { get(c).c.copy_slot(f, t); }
-    void forward(const cpu_backend& be, any_cache& c, const seq_batch& b, std::span<const std::int32_t> tok,
+    void forward(const B& be, any_cache& c, const seq_batch& b, std::span<const std::int32_t> tok,
                  tensor_view<float, 2> logits, bool last_only) const override {
         if (last_only)
             m.forward_last(be, get(c).c, b, tok, logits);
@@ -75,20 +78,21 @@ struct stack_holder final : any_stack {
     }
 };
 
-template <class Stack>
-std::unique_ptr<any_stack> hold(Stack s, model_info& info) {
+template <class B, class Stack>
+std::unique_ptr<any_stack<B>> hold(Stack s, model_info& info) {
     info.n_layers = s.n_layers();
     info.d_model = s.config().d_model;
     info.vocab_size = s.config().vocab_size;
-    for (auto k : s.layer_kinds()) info.layer_kinds.emplace_back(layer_kind_name(k));
+    for (auto k : s.layer_kinds()) info.layer_kinds.emplace_back(Stack::kind_name(k));
     info.schedule = schedule_string(s.layer_kinds());
-    return std::make_unique<stack_holder<Stack>>(std::move(s));
+    return std::make_unique<stack_holder<B, Stack>>(std::move(s));
 }
 
 }  // namespace detail
 
-/// A checkpoint loaded into the compiled stack for its family, with a CPU backend of its own.
-class auto_model {
+/// A checkpoint loaded into the compiled stack for its family, with a backend of type B of its own.
+template <backend B>
+class basic_auto_model {
 public:
     /// Opaque per-model cache of every layer's state for n_slots sequences (and the activation workspace).
     class cache {
@@ -98,34 +102,36 @@ public:
         cache& operator=(cache&&) noexcept = default;
 
     private:
-        friend class auto_model;
+        friend class basic_auto_model;
         explicit cache(std::unique_ptr<detail::any_cache> p) : p_(std::move(p)) {}
         std::unique_ptr<detail::any_cache> p_;
     };
 
+    using backend_type = B;
+
     /// Loads `dir` (config.json + model.safetensors or model.safetensors.index.json; f32/bf16/f16 weights, kept in
-    /// fp32). threads 0 = every core. Throws io_error (missing files), format_error (malformed files, missing or
+    /// fp32). threads 0 = every core (the reference backend always runs on one). Throws io_error (missing files), format_error (malformed files, missing or
     /// extra tensors), shape_error (a tensor's shape, named with expected and found), config_error (unsupported
     /// model_type or setting).
-    static auto_model load(const std::filesystem::path& dir, int threads = 0) {
+    static basic_auto_model load(const std::filesystem::path& dir, int threads = 0) {
         models::checkpoint_reader rd(dir);
         const auto& j = rd.config();
-        auto_model am;
-        am.be_ = std::make_unique<cpu_backend>(threads);
+        basic_auto_model am;
+        am.be_ = std::make_unique<B>(threads);
         am.info_.model_type = io::require<std::string>(j, "model_type", rd.config_path());
         const auto& mt = am.info_.model_type;
         if (mt == "mamba2") {
             am.info_.architecture = models::config_architecture(j, "Mamba2ForCausalLM");
-            am.impl_ = detail::hold(models::load_hf_mamba2<models::hf_mamba2_stack>(rd), am.info_);
+            am.impl_ = detail::hold<B>(models::load_hf_mamba2<models::hf_mamba2_stack>(rd), am.info_);
         } else if (mt == "qwen3_5_text" || mt == "qwen3_5") {
             am.info_.architecture = models::config_architecture(j, "Qwen3_5ForCausalLM");
             const auto c = models::read_hf_qwen3_5_config(j, rd.config_path());
             bool all_gdn = true;
             for (auto k : c.kinds) all_gdn = all_gdn && k == layer_kind::gated_deltanet;
             if (all_gdn)
-                am.impl_ = detail::hold(models::load_hf_qwen3_5<models::qwen3_5_gdn_stack>(rd), am.info_);
+                am.impl_ = detail::hold<B>(models::load_hf_qwen3_5<models::qwen3_5_gdn_stack>(rd), am.info_);
             else
-                am.impl_ = detail::hold(models::load_hf_qwen3_5<models::qwen3_5_hybrid_stack>(rd), am.info_);
+                am.impl_ = detail::hold<B>(models::load_hf_qwen3_5<models::qwen3_5_hybrid_stack>(rd), am.info_);
         } else {
             throw config_error(rd.config_path() + ": unsupported model_type '" + mt +
                                "' (supported: mamba2, qwen3_5_text, qwen3_5)");
@@ -135,7 +141,7 @@ public:
     }
 
     const model_info& info() const noexcept { return info_; }
-    const cpu_backend& backend() const noexcept { return *be_; }
+    const B& backend() const noexcept { return *be_; }
 
     /// A cache with n_slots fresh sequence slots. Throws shape_error when n_slots <= 0.
     cache make_cache(std::int64_t n_slots) const { return cache(impl_->make_cache(n_slots)); }
@@ -155,15 +161,20 @@ public:
     }
 
 private:
-    auto_model() = default;
+    basic_auto_model() = default;
     static detail::any_cache* checked(cache& c) {
         if (!c.p_) throw value_error("auto_model: empty (default-constructed or moved-from) cache");
         return c.p_.get();
     }
 
     model_info info_;
-    std::unique_ptr<cpu_backend> be_;
-    std::unique_ptr<detail::any_stack> impl_;
+    std::unique_ptr<B> be_;
+    std::unique_ptr<detail::any_stack<B>> impl_;
 };
+
+/// A checkpoint on the CPU backend (oneTBB threads, xsimd kernels).
+using auto_model = basic_auto_model<cpu_backend>;
+/// A checkpoint on the fp64 reference backend: the oracle other backends are checked against (slow).
+using reference_auto_model = basic_auto_model<reference_backend>;
 
 }  // namespace hymix

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "hymix/gate/fixed_schedule.hpp"
+#include "hymix/schedule/layer_schedule.hpp"
 #include "hymix/mixer/mamba2.hpp"
 #include "hymix/models/checkpoint.hpp"
 #include "hymix/stack/model.hpp"

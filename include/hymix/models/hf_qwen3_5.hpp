@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "hymix/core/tensor.hpp"
-#include "hymix/gate/fixed_schedule.hpp"
+#include "hymix/schedule/layer_schedule.hpp"
 #include "hymix/mixer/attention.hpp"
 #include "hymix/mixer/gated_deltanet.hpp"
 #include "hymix/models/checkpoint.hpp"
@@ -192,7 +192,7 @@ Stack load_hf_qwen3_5(checkpoint_reader& rd) {
                 continue;
             }
         }
-        throw config_error(rd.config_path() + ": layer " + std::to_string(i) + " is '" + std::string(layer_kind_name(k)) +
+        throw config_error(rd.config_path() + ": layer " + std::to_string(i) + " is '" + layer_kind_name(k) +
                            "', which the compiled stack has no mixer for");
     }
     // Multimodal checkpoints also carry the vision tower and multi-token-prediction heads: not part of the text model.

@@ -1,6 +1,7 @@
-// Pieces of one stack layer (spec.md §1, §3.6, §4.7): norm policies (plain RMSNorm for Mamba-2 models,
-// zero-centred for Qwen3.5), MLP policies (none, or SwiGLU y = W_down(silu(W_gate x) ⊙ W_up x) with an fp64
-// reference twin), and `bind<Kind, Mixer>`, which ties a schedule's layer kind to a compiled mixer type.
+// What a stack layer is (spec.md §1, §3.6, §4.7): the `block` concept (a layer that updates the residual stream in
+// place, given a block context), the norm policies (plain RMSNorm for Mamba-2 models, zero-centred for Qwen3.5),
+// the MLP policies (none, or SwiGLU, kernels/swiglu.hpp), and `bind<Kind, X>`, which ties a schedule's layer kind
+// to a compiled block type or to a mixer (wrapped by the stack in its pre-norm block).
 #pragma once
 
 #include <algorithm>
@@ -10,12 +11,15 @@
 #include <vector>
 
 #include "hymix/backend/concepts.hpp"
+#include "hymix/backend/cpu.hpp"
 #include "hymix/core/error.hpp"
 #include "hymix/core/math.hpp"
 #include "hymix/core/tensor.hpp"
-#include "hymix/gate/fixed_schedule.hpp"
-#include "hymix/kernels/linear.hpp"
+#include "hymix/mixer/concepts.hpp"
+#include "hymix/schedule/layer_schedule.hpp"
+#include "hymix/stack/context.hpp"
 #include "hymix/kernels/norm.hpp"
+#include "hymix/kernels/swiglu.hpp"
 
 namespace hymix {
 
@@ -47,38 +51,6 @@ struct no_mlp {
     static constexpr bool present = false;
 };
 
-/// SwiGLU weights in the Hugging Face layout; `gate_up` [2·d_ff, d] is built once from gate_proj and up_proj so
-/// one projection reads x once for both (the first d_ff rows are the gate).
-struct swiglu_weights {
-    tensor<float> gate_proj;  // [d_ff, d]
-    tensor<float> up_proj;    // [d_ff, d]
-    tensor<float> down_proj;  // [d, d_ff]
-    tensor<float> gate_up;    // [2·d_ff, d], filled by prepare()
-
-    std::int64_t d_ff() const { return gate_proj.rank() == 2 ? gate_proj.dim(0) : 0; }
-
-    /// Throws shape_error naming the tensor (prefixed by `where`, e.g. "layers.3.mlp") on a mismatch.
-    void validate(std::int64_t d_model, const std::string& where) const {
-        auto need = [&](const tensor<float>& t, std::int64_t a, std::int64_t b, const char* n) {
-            if (t.rank() != 2 || t.dim(0) != a || t.dim(1) != b)
-                throw shape_error(where + "." + n + ": expected shape " + shape_string(std::vector<std::int64_t>{a, b}) +
-                                  ", found " + shape_string(t.shape()));
-        };
-        if (gate_proj.rank() != 2) throw shape_error(where + ".gate_proj: expected a 2-D weight, found " + shape_string(gate_proj.shape()));
-        const std::int64_t f = gate_proj.dim(0);
-        need(gate_proj, f, d_model, "gate_proj");
-        need(up_proj, f, d_model, "up_proj");
-        need(down_proj, d_model, f, "down_proj");
-    }
-    /// Builds gate_up from gate_proj and up_proj.
-    void prepare() {
-        const std::int64_t f = gate_proj.dim(0), d = gate_proj.dim(1);
-        gate_up = tensor<float>({2 * f, d});
-        std::copy_n(gate_proj.data(), f * d, gate_up.data());
-        std::copy_n(up_proj.data(), f * d, gate_up.data() + f * d);
-    }
-};
-
 /// SwiGLU MLP sub-block: r ← r + W_down(silu(W_gate h) ⊙ W_up h), h = norm(r).
 struct swiglu_mlp {
     using weights_type = swiglu_weights;
@@ -88,58 +60,35 @@ struct swiglu_mlp {
 template <class M>
 concept mlp_policy = requires { typename M::weights_type; { M::present } -> std::convertible_to<bool>; };
 
-namespace kernels {
 
-/// SwiGLU forward. x [M, d], w.gate_up [2F, d] (prepared), w.down_proj [d, F]; scratch gu [M, 2F]; y [M, d].
-/// y must not alias x. fp32, parallel inside the projections.
-template <cpu_backend_type Backend>
-void swiglu(const Backend& be, const swiglu_weights& w, tensor_view<const float, 2> x, tensor_view<float, 2> gu,
-            tensor_view<float, 2> y) {
-    const std::int64_t M = x.dim(0), F = w.down_proj.dim(1);
-    gu.require_shape({M, 2 * F}, "swiglu: scratch");
-    linear(be, x, w.gate_up.view<2>(), nullptr, gu);
-    // Compact silu(g) ⊙ u into the first F columns of each row, then project down from that strided view.
-    for (std::int64_t m = 0; m < M; ++m) {
-        float* r = &gu(m, 0);
-        for (std::int64_t i = 0; i < F; ++i) r[i] = silu(r[i]) * r[F + i];
-    }
-    tensor_view<const float, 2> act(gu.data, {M, F}, {gu.strides[0], 1});
-    linear(be, act, w.down_proj.view<2>(), nullptr, y);
-}
+// ---- blocks -----------------------------------------------------------------------------------------------
 
-/// Reference twin in double precision with obvious loops: x [M, d] (float or double, const or not) → y [M, d],
-/// from gate_proj/up_proj/down_proj.
-template <class TX, class TY>
-void swiglu_ref(const swiglu_weights& w, tensor_view<TX, 2> x, tensor_view<TY, 2> y) {
-    const std::int64_t M = x.dim(0), d = x.dim(1), F = w.gate_proj.dim(0);
-    std::vector<double> a(static_cast<std::size_t>(F));
-    for (std::int64_t m = 0; m < M; ++m) {
-        for (std::int64_t f = 0; f < F; ++f) {
-            double g = 0, u = 0;
-            for (std::int64_t k = 0; k < d; ++k) {
-                g += static_cast<double>(w.gate_proj[f * d + k]) * static_cast<double>(x(m, k));
-                u += static_cast<double>(w.up_proj[f * d + k]) * static_cast<double>(x(m, k));
-            }
-            a[static_cast<std::size_t>(f)] = silu(g) * u;
-        }
-        for (std::int64_t o = 0; o < d; ++o) {
-            double s = 0;
-            for (std::int64_t f = 0; f < F; ++f) s += static_cast<double>(w.down_proj[o * F + f]) * a[static_cast<std::size_t>(f)];
-            y(m, o) = static_cast<TY>(s);
-        }
-    }
-}
+/// A block: one layer of a stack. `forward(ctx, state, x)` updates the residual stream x [n_rows, d] in place for the
+/// sequences of ctx.batch (rows outside them stay as they are), reading and updating `state` (the block's slots).
+template <class Blk, class B>
+concept block = backend<B> && requires { typename Blk::state_type; typename Blk::mixer_type; } &&
+                mixer_state<typename Blk::state_type> &&
+                requires(const Blk& b, block_context<B>& ctx, typename Blk::state_type& s, tensor_view<float, 2> x, std::int64_t n) {
+                    { b.make_state(n) } -> std::same_as<typename Blk::state_type>;
+                    b.forward(ctx, s, x);
+                };
 
-}  // namespace kernels
+namespace detail {
+/// A type is usable in bind<Kind, X> when it is a block or a mixer (on the CPU backend, the one every type must
+/// support). The model checks the stronger per-backend concept when it is run.
+template <class X>
+concept block_or_mixer = block<X, cpu_backend> || mixer<X, cpu_backend>;
+}  // namespace detail
 
-// ---- kind → mixer binding ---------------------------------------------------------------------------------
+// ---- kind → block binding ---------------------------------------------------------------------------------
 
-/// Binds a schedule's layer kind to the mixer type that implements it in one compiled stack.
-template <layer_kind Kind, class Mixer>
+/// Binds a schedule's layer kind to the block type (or mixer type, wrapped in the stack's pre-norm block) that
+/// implements it in one compiled stack. A type that is neither fails here, naming the concept.
+template <layer_kind Kind, detail::block_or_mixer X>
 struct bind {
     static constexpr layer_kind kind = Kind;
-    using mixer_type = Mixer;
-    using state_type = typename Mixer::state_type;
+    using type = X;
+    static constexpr bool is_block = block<X, cpu_backend>;
 };
 
 }  // namespace hymix

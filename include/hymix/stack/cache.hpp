@@ -33,6 +33,18 @@ private:
 
 }  // namespace detail
 
+/// Per-call statistics of one gated block (layer `layer`): how many live rows it saw and how many fired, and an
+/// optional per-row score (e.g. AMOR's normalised entropy; empty when the gate computes none).
+struct block_stats {
+    std::int64_t layer = -1;
+    const char* gate = "";
+    std::int64_t rows = 0;
+    std::int64_t fired = 0;
+    std::vector<float> score;  // [n_rows] or empty
+
+    double fire_rate() const noexcept { return rows > 0 ? static_cast<double>(fired) / static_cast<double>(rows) : 0.0; }
+};
+
 /// Per-call activation buffers of a stack, kept in the cache (a stack is immutable and may be shared by
 /// threads, each with its own cache).
 struct stack_workspace {
@@ -42,7 +54,8 @@ struct stack_workspace {
     detail::scratch gu;    // [n_rows, 2F]  SwiGLU gate/up
     detail::scratch last;  // [n_seq, d]    last-token rows for forward_last
     detail::scratch lastn; // [n_seq, d]    their final norm
-    std::vector<unsigned char> active;  // [n_rows] 1 where the row belongs to a sequence with a valid slot
+    std::vector<unsigned char> fire;    // [n_rows] a gated block's fire mask
+    std::vector<std::int64_t> rows;     // [n_seq]  last-token row of each sequence (forward_last)
 
     /// Total floats held (to show the workspace does not grow between decode steps of one batch size).
     std::int64_t capacity() const noexcept {
@@ -83,6 +96,9 @@ public:
     StateVariant& layer_state(std::int64_t l) { return states_.at(static_cast<std::size_t>(l)); }
     const StateVariant& layer_state(std::int64_t l) const { return states_.at(static_cast<std::size_t>(l)); }
     stack_workspace& workspace() noexcept { return ws_; }
+    /// Statistics of the gated blocks of the last forward call (one entry per gated block, in layer order).
+    const std::vector<block_stats>& stats() const noexcept { return stats_; }
+    std::vector<block_stats>& stats() noexcept { return stats_; }
 
 private:
     void check_slot(std::int64_t slot, const char* what) const {
@@ -94,6 +110,7 @@ private:
     std::int64_t n_slots_ = 0;
     std::vector<StateVariant> states_;
     stack_workspace ws_;
+    std::vector<block_stats> stats_;
 };
 
 }  // namespace hymix

@@ -1,15 +1,17 @@
 // A whole causal language model composed at compile time (spec.md §3.6, §4.7, §7):
-//   embedding → L × [ r ← r + mixer(norm(r));  optionally r ← r + SwiGLU(norm(r)) ] → final norm → LM head.
-// The layer schedule (gate/fixed_schedule.hpp) says which mixer kind each layer uses; `bind<Kind, Mixer>` says
-// which compiled mixer type implements each kind.
+//   embedding → L blocks (each updates the residual stream) → final norm → LM head.
+// The layer schedule (schedule/layer_schedule.hpp) says which kind each layer is; `bind<Kind, X>` says which
+// compiled block implements each kind — X is a block (stack/block.hpp, e.g. a gated prenorm_block or an AMOR block)
+// or a mixer, which the stack wraps in its pre-norm block `prenorm_block<X, Norm, Mlp>` (norm → mixer → residual,
+// then norm → MLP → residual).
 //
-// Design. `model<Schedule, Norm, Mlp, bind<K1, M1>, bind<K2, M2>, ...>`: the bound kinds must be exactly the
-// kinds the schedule allows (checked by static_assert). Each layer holds a `std::variant<M1, M2, ...>` and the
-// cache holds a `std::variant<M1::state_type, ...>` per layer; with one bound kind the variant has a single
-// alternative and the visit is a direct call. The per-layer kinds are checked against the schedule once, at
-// construction (Schedule::check, config_error naming the first mismatching layer). Norm flavour and MLP are
-// policies. A model is immutable after construction; every call takes a `model_cache` (states of every layer
-// for a pool of slots plus the activation workspace), so one model can serve several caches on several threads.
+// Design. `model<Schedule, Norm, Mlp, bind<K1, X1>, bind<K2, X2>, ...>`: the bound kinds must be exactly the kinds
+// the schedule allows (checked by static_assert). Each layer holds a `std::variant` of the bound block types and the
+// cache holds a variant of their states per layer; with one bound kind the variant has a single alternative and the
+// visit is a direct call. The per-layer kinds are checked against the schedule once, at construction. A model is
+// immutable after construction; every call takes a `model_cache` (states of every layer for a pool of slots plus
+// the activation workspace), so one model can serve several caches on several threads. Every call runs on a backend
+// type B (backend/): the CPU backend, or the fp64 reference backend that tests check it against.
 #pragma once
 
 #include <cmath>
@@ -29,11 +31,14 @@
 #include "hymix/core/error.hpp"
 #include "hymix/core/seq_batch.hpp"
 #include "hymix/core/tensor.hpp"
-#include "hymix/gate/fixed_schedule.hpp"
-#include "hymix/kernels/linear.hpp"
-#include "hymix/kernels/norm.hpp"
+#include "hymix/ops/elementwise.hpp"
+#include "hymix/ops/linear.hpp"
+#include "hymix/ops/norm.hpp"
+#include "hymix/schedule/layer_schedule.hpp"
 #include "hymix/stack/block.hpp"
 #include "hymix/stack/cache.hpp"
+#include "hymix/stack/context.hpp"
+#include "hymix/stack/prenorm_block.hpp"
 
 namespace hymix {
 
@@ -59,12 +64,6 @@ struct stack_weights {
     tensor<float> lm_head;     // [V, d]; ignored (may be empty) when tie_embeddings
 };
 
-/// Probe that ignores every activation. A probe is called as probe(name, view [n_rows, d]) with the names of
-/// the reference activations: "embeddings", "layers.{i}.mixer_output", "layers.{i}.output", "final_norm".
-struct no_probe {
-    void operator()(std::string_view, tensor_view<const float, 2>) const noexcept {}
-};
-
 namespace detail {
 template <layer_kind K, class... Binds>
 constexpr int count_bound() {
@@ -72,8 +71,8 @@ constexpr int count_bound() {
 }
 template <class Schedule, class... Binds>
 constexpr bool bindings_cover_schedule() {
-    for (auto k : all_layer_kinds)
-        if (Schedule::allows(k)) {
+    for (int c = 33; c < 127; ++c)  // every printable letter a kind can have
+        if (const layer_kind k(static_cast<char>(c)); Schedule::allows(k)) {
             int n = 0;
             ((n += Binds::kind == k ? 1 : 0), ...);
             if (n != 1) return false;
@@ -93,22 +92,49 @@ inline void require_matrix(const tensor<float>& t, std::int64_t a, std::int64_t 
 
 template <layer_schedule Schedule, norm_policy Norm, mlp_policy Mlp, class... Binds>
 class model {
-    static_assert(sizeof...(Binds) > 0, "model<...>: bind at least one layer kind to a mixer type");
+    static_assert(sizeof...(Binds) > 0, "model<...>: bind at least one layer kind to a block or mixer type");
     static_assert((Schedule::allows(Binds::kind) && ...),
                   "model<...>: a bound layer kind is one the schedule never uses; bind exactly the schedule's kinds");
     static_assert(detail::bindings_cover_schedule<Schedule, Binds...>(),
-                  "model<...>: every layer kind the schedule allows needs exactly one bind<Kind, Mixer>");
+                  "model<...>: every layer kind the schedule allows needs exactly one bind<Kind, X>");
+
+    template <class Bind>
+    using block_of = std::conditional_t<Bind::is_block, typename Bind::type, prenorm_block<typename Bind::type, Norm, Mlp>>;
 
 public:
     using schedule_type = Schedule;
     using norm_type = Norm;
     using mlp_type = Mlp;
-    using mixer_variant = std::variant<typename Binds::mixer_type...>;
-    using state_variant = std::variant<typename Binds::state_type...>;
+    using block_variant = std::variant<block_of<Binds>...>;
+    using mixer_variant = std::variant<typename block_of<Binds>::mixer_type...>;
+    using state_variant = std::variant<typename block_of<Binds>::state_type...>;
     using cache_type = model_cache<state_variant>;
     static constexpr std::array<layer_kind, sizeof...(Binds)> bound_kinds{Binds::kind...};
 
-    /// One layer: pre-norm weight, mixer, and (with an MLP policy) the MLP's pre-norm weight and weights.
+private:
+    template <class Bind>
+    static constexpr kind_info info_of() {
+        using M = typename block_of<Bind>::mixer_type;
+        if constexpr (declares_kind<M>) {
+            const auto n = Bind::kind.declared_name().empty() ? M::kind.kind.declared_name() : Bind::kind.declared_name();
+            return kind_info{layer_kind(Bind::kind.code, n), M::kind.hf_layer_types};
+        } else {
+            return kind_info{Bind::kind, {}};
+        }
+    }
+
+public:
+    /// What the bound types declare about their kinds (names, Hugging Face layer types), in binding order.
+    static constexpr std::array<kind_info, sizeof...(Binds)> kind_infos{info_of<Binds>()...};
+    /// The name of a kind as the bound types declare it ("mamba2", "sliding_attention", ...).
+    static std::string kind_name(layer_kind k) {
+        for (const auto& i : kind_infos)
+            if (i.kind == k && !i.kind.declared_name().empty()) return std::string(i.kind.declared_name());
+        return layer_kind_name(k);
+    }
+
+    /// How a pre-norm layer is described when a stack is built from weights: pre-norm weight, mixer, and (with an
+    /// MLP policy) the MLP's pre-norm weight and weights. The model turns it into the block bound to the mixer's kind.
     struct layer {
         tensor<float> norm;  // [d]
         mixer_variant mixer;
@@ -121,175 +147,180 @@ public:
         layer_kind kind() const { return bound_kinds[mixer.index()]; }
     };
 
-    /// Validates the sizes, every tensor's shape (shape_error naming it: "layers.3.norm", "embedding", ...) and the
-    /// per-layer kinds against the schedule (config_error naming the first mismatching layer).
-    model(stack_config cfg, stack_weights w, std::vector<layer> layers)
-        : cfg_(cfg), w_(std::move(w)), layers_(std::move(layers)) {
-        cfg_.validate();
-        const std::int64_t d = cfg_.d_model, V = cfg_.vocab_size;
-        detail::require_matrix(w_.embedding, V, d, "embedding");
-        detail::require_vector(w_.final_norm, d, "final_norm");
-        if (!cfg_.tie_embeddings) detail::require_matrix(w_.lm_head, V, d, "lm_head");
-        if (layers_.empty()) throw config_error("model: a stack needs at least one layer");
-        std::vector<layer_kind> kinds;
-        for (std::size_t i = 0; i < layers_.size(); ++i) {
-            auto& L = layers_[i];
-            const std::string p = "layers." + std::to_string(i);
-            detail::require_vector(L.norm, d, p + ".norm");
-            if constexpr (Mlp::present) {
-                detail::require_vector(L.mlp_norm, d, p + ".mlp_norm");
-                L.mlp.validate(d, p + ".mlp");
-                L.mlp.prepare();
-            }
-            kinds.push_back(L.kind());
-        }
-        Schedule::check(kinds);
-        kinds_ = std::move(kinds);
+    /// Validates the sizes, every tensor's shape (shape_error naming it: "layers.3.norm", "embedding", ...), each
+    /// mixer's width against d_model (config_error naming the layer) and the per-layer kinds against the schedule
+    /// (config_error naming the first mismatching layer).
+    model(stack_config cfg, stack_weights w, std::vector<layer> layers) : cfg_(cfg), w_(std::move(w)) {
+        blocks_.reserve(layers.size());
+        for (std::size_t i = 0; i < layers.size(); ++i) blocks_.push_back(to_block(std::move(layers[i]), i));
+        init();
+    }
+    /// The same from blocks built by the caller (gated blocks, AMOR blocks, ...).
+    model(stack_config cfg, stack_weights w, std::vector<block_variant> blocks)
+        : cfg_(cfg), w_(std::move(w)), blocks_(std::move(blocks)) {
+        init();
     }
 
     const stack_config& config() const noexcept { return cfg_; }
-    std::int64_t n_layers() const noexcept { return static_cast<std::int64_t>(layers_.size()); }
+    std::int64_t n_layers() const noexcept { return static_cast<std::int64_t>(blocks_.size()); }
     const std::vector<layer_kind>& layer_kinds() const noexcept { return kinds_; }
-    const layer& layer_at(std::int64_t i) const { return layers_.at(static_cast<std::size_t>(i)); }
+    /// The block of layer i (a variant over the bound block types).
+    const block_variant& layer_at(std::int64_t i) const { return blocks_.at(static_cast<std::size_t>(i)); }
+    block_variant& layer_at(std::int64_t i) { return blocks_.at(static_cast<std::size_t>(i)); }
     const stack_weights& weights() const noexcept { return w_; }
+    /// The LM head [V, d] (the embedding when tied).
+    tensor_view<const float, 2> head() const {
+        return cfg_.tie_embeddings ? w_.embedding.view<2>() : w_.lm_head.view<2>();
+    }
 
     /// A cache for `n_slots` sequences (all fresh).
     cache_type make_cache(std::int64_t n_slots) const {
         if (n_slots <= 0) throw shape_error("make_cache: n_slots must be positive, found " + std::to_string(n_slots));
         std::vector<state_variant> st;
-        st.reserve(layers_.size());
-        for (const auto& L : layers_)
-            std::visit([&](const auto& m) {
-                using S = typename std::decay_t<decltype(m)>::state_type;
-                st.emplace_back(std::in_place_type<S>, m.make_state(n_slots));
-            }, L.mixer);
+        st.reserve(blocks_.size());
+        for (const auto& b : blocks_)
+            visit_indexed(b, [&](auto I, const auto& blk) { st.emplace_back(std::in_place_index<decltype(I)::value>, blk.make_state(n_slots)); });
         return cache_type(n_slots, std::move(st));
     }
 
     /// Logits for every row. tokens: one id per row of the batch (n_rows; rows outside every sequence are
     /// ignored), logits [n_rows, V] fp32; rows outside every sequence (or of a sequence with slot −1) are 0.
     /// Sequences continue from their slots' states. When every sequence has one token the mixers' step paths run.
-    /// Throws shape_error (sizes, seq_batch vs cache), value_error (token id outside [0, V)).
-    template <cpu_backend_type B, class Probe = no_probe>
+    /// `side` is an optional per-token side input for the blocks' gates ([n_rows] bytes). Statistics of gated blocks
+    /// are left in cache.stats(). Throws shape_error (sizes, seq_batch vs cache), value_error (token id outside [0, V)).
+    template <backend B, class Probe = no_probe>
     void forward(const B& be, cache_type& cache, const seq_batch& batch, std::span<const std::int32_t> tokens,
-                 tensor_view<float, 2> logits, Probe&& probe = {}) const {
+                 tensor_view<float, 2> logits, Probe&& probe = {}, std::span<const unsigned char> side = {}) const {
         const std::int64_t n = batch.n_rows;
         logits.require_shape({n, cfg_.vocab_size}, "model forward: logits");
-        run_layers(be, cache, batch, tokens, probe);
+        const validated_batch vb(batch, cache.n_slots());
+        run_layers(be, cache, vb, tokens, probe, side);
         auto& ws = cache.workspace();
         auto x = ws.x.get(n, cfg_.d_model);
         auto h = ws.h.get(n, cfg_.d_model);
-        kernels::rms_norm<float>(x, w_.final_norm.data(), cfg_.norm_eps, Norm::flavor, h);
-        probe("final_norm", h);
-        kernels::linear(be, h, head(), nullptr, logits);
-        for (std::int64_t r = 0; r < n; ++r)
-            if (!ws.active[static_cast<std::size_t>(r)]) std::fill_n(&logits(r, 0), cfg_.vocab_size, 0.f);
+        ops::rms_norm(be, tensor_view<const float, 2>(x), w_.final_norm.data(), cfg_.norm_eps, Norm::flavor, h);
+        if constexpr (probing<Probe>) probe("final_norm", tensor_view<const float, 2>(h));
+        ops::linear(be, tensor_view<const float, 2>(h), head(), nullptr, logits);
+        ops::zero_rows(be, logits, vb.live());
     }
 
     /// Logits [n_seq, V] of each sequence's last token only (the LM head runs on n_seq rows). A sequence with no
     /// tokens or slot −1 gets a zero row. Same errors as forward.
-    template <cpu_backend_type B>
+    template <backend B>
     void forward_last(const B& be, cache_type& cache, const seq_batch& batch, std::span<const std::int32_t> tokens,
-                      tensor_view<float, 2> logits) const {
+                      tensor_view<float, 2> logits, std::span<const unsigned char> side = {}) const {
         const std::int64_t S = batch.n_seq(), d = cfg_.d_model;
         logits.require_shape({S, cfg_.vocab_size}, "model forward_last: logits");
+        const validated_batch vb(batch, cache.n_slots());
         no_probe p;
-        run_layers(be, cache, batch, tokens, p);
+        run_layers(be, cache, vb, tokens, p, side);
         auto& ws = cache.workspace();
         auto x = ws.x.get(batch.n_rows, d);
         auto last = ws.last.get(S, d);
         auto lastn = ws.lastn.get(S, d);
+        auto& rows = ws.rows;
+        rows.resize(static_cast<std::size_t>(S));
         for (std::int64_t i = 0; i < S; ++i) {
-            const std::size_t si = static_cast<std::size_t>(i);
-            if (batch.lengths[si] > 0 && batch.slots[si] >= 0)
-                std::copy_n(&x(batch.starts[si] + batch.lengths[si] - 1, 0), d, &last(i, 0));
-            else
-                std::fill_n(&last(i, 0), d, 0.f);
+            const auto si = static_cast<std::size_t>(i);
+            rows[si] = batch.lengths[si] > 0 && batch.slots[si] >= 0 ? batch.starts[si] + batch.lengths[si] - 1 : -1;
         }
-        kernels::rms_norm<float>(last, w_.final_norm.data(), cfg_.norm_eps, Norm::flavor, lastn);
-        kernels::linear(be, lastn, head(), nullptr, logits);
+        ops::gather_rows(be, tensor_view<const float, 2>(x), rows, last);
+        ops::rms_norm(be, tensor_view<const float, 2>(last), w_.final_norm.data(), cfg_.norm_eps, Norm::flavor, lastn);
+        ops::linear(be, tensor_view<const float, 2>(lastn), head(), nullptr, logits);
     }
 
 private:
-    tensor_view<const float, 2> head() const {
-        return cfg_.tie_embeddings ? w_.embedding.view<2>() : w_.lm_head.view<2>();
+    template <class Probe>
+    static constexpr bool probing = !std::is_same_v<std::remove_cvref_t<Probe>, no_probe>;
+
+    /// Calls f(std::integral_constant<size_t, I>, alternative) for the active alternative I of a variant (index-based,
+    /// so alternatives of the same type stay distinct).
+    template <std::size_t I = 0, class V, class F>
+    static decltype(auto) visit_indexed(V&& v, F&& f) {
+        if constexpr (I + 1 < std::variant_size_v<std::remove_cvref_t<V>>) {
+            if (v.index() != I) return visit_indexed<I + 1>(std::forward<V>(v), std::forward<F>(f));
+        }
+        return f(std::integral_constant<std::size_t, I>{}, std::get<I>(v));
     }
 
-    /// Embedding → layers; leaves the residual stream in the workspace's x [n_rows, d].
-    template <cpu_backend_type B, class Probe>
-    void run_layers(const B& be, cache_type& cache, const seq_batch& batch, std::span<const std::int32_t> tokens,
-                    Probe& probe) const {
-        const std::int64_t n = batch.n_rows, d = cfg_.d_model, V = cfg_.vocab_size;
-        constexpr bool probing = !std::is_same_v<std::remove_cvref_t<Probe>, no_probe>;
-        batch.validate(cache.n_slots());
+    block_variant to_block(layer&& L, std::size_t i) {
+        return visit_indexed(L.mixer, [&](auto I, auto& m) -> block_variant {
+            using Blk = std::variant_alternative_t<decltype(I)::value, block_variant>;
+            using M = std::remove_cvref_t<decltype(m)>;
+            if constexpr (std::is_constructible_v<Blk, tensor<float>, M, tensor<float>, typename Mlp::weights_type>) {
+                return block_variant(std::in_place_index<decltype(I)::value>, std::move(L.norm), std::move(m), std::move(L.mlp_norm),
+                                     std::move(L.mlp));
+            } else {
+                throw config_error("model: layer " + std::to_string(i) +
+                                   " is bound to a custom block that cannot be built from (norm, mixer, mlp); pass blocks");
+            }
+        });
+    }
+
+    void init() {
+        cfg_.validate();
+        const std::int64_t d = cfg_.d_model, V = cfg_.vocab_size;
+        detail::require_matrix(w_.embedding, V, d, "embedding");
+        detail::require_vector(w_.final_norm, d, "final_norm");
+        if (!cfg_.tie_embeddings) detail::require_matrix(w_.lm_head, V, d, "lm_head");
+        if (blocks_.empty()) throw config_error("model: a stack needs at least one layer");
+        std::vector<layer_kind> kinds;
+        for (std::size_t i = 0; i < blocks_.size(); ++i) {
+            const std::string p = "layers." + std::to_string(i);
+            std::visit([&](auto& blk) {
+                if constexpr (requires { blk.validate(d, p); }) blk.validate(d, p);
+            }, blocks_[i]);
+            kinds.push_back(bound_kinds[blocks_[i].index()]);
+        }
+        Schedule::check(kinds);
+        kinds_ = std::move(kinds);
+    }
+
+    /// Embedding → blocks; leaves the residual stream in the workspace's x [n_rows, d].
+    template <backend B, class Probe>
+    void run_layers(const B& be, cache_type& cache, const validated_batch& vb, std::span<const std::int32_t> tokens, Probe& probe,
+                    std::span<const unsigned char> side) const {
+        const std::int64_t n = vb.n_rows(), d = cfg_.d_model, V = cfg_.vocab_size;
         if (cache.n_layers() != n_layers())
             throw shape_error("model forward: cache holds " + std::to_string(cache.n_layers()) + " layers, the model has " +
                               std::to_string(n_layers()));
         if (static_cast<std::int64_t>(tokens.size()) != n)
             throw shape_error("model forward: " + std::to_string(tokens.size()) + " token ids for a batch of " +
                               std::to_string(n) + " rows");
-        auto& active = cache.workspace().active;
-        active.assign(static_cast<std::size_t>(n), 0);
-        for (std::int64_t i = 0; i < batch.n_seq(); ++i) {
-            const std::size_t si = static_cast<std::size_t>(i);
-            if (batch.slots[si] < 0) continue;
-            for (std::int64_t r = batch.starts[si]; r < batch.starts[si] + batch.lengths[si]; ++r) {
-                const std::int32_t t = tokens[static_cast<std::size_t>(r)];
-                if (t < 0 || t >= V)
-                    throw value_error("model forward: token id " + std::to_string(t) + " at row " + std::to_string(r) +
-                                      " outside the vocabulary [0, " + std::to_string(V) + ")");
-                active[static_cast<std::size_t>(r)] = 1;
-            }
+        if (!side.empty() && static_cast<std::int64_t>(side.size()) != n)
+            throw shape_error("model forward: side input has " + std::to_string(side.size()) + " entries for " + std::to_string(n) + " rows");
+        const auto live = vb.live();
+        for (std::int64_t r = 0; r < n; ++r) {
+            if (!live[static_cast<std::size_t>(r)]) continue;
+            const std::int32_t t = tokens[static_cast<std::size_t>(r)];
+            if (t < 0 || t >= V)
+                throw value_error("model forward: token id " + std::to_string(t) + " at row " + std::to_string(r) +
+                                  " outside the vocabulary [0, " + std::to_string(V) + ")");
         }
         auto& ws = cache.workspace();
         auto x = ws.x.get(n, d);
-        auto h = ws.h.get(n, d);
-        auto y = ws.y.get(n, d);
-        const float* emb = w_.embedding.data();
-        for (std::int64_t r = 0; r < n; ++r) {
-            if (active[static_cast<std::size_t>(r)])
-                std::copy_n(emb + static_cast<std::int64_t>(tokens[static_cast<std::size_t>(r)]) * d, d, &x(r, 0));
-            else
-                std::fill_n(&x(r, 0), d, 0.f);
-        }
-        if constexpr (probing) probe("embeddings", x);
-        const bool decode = batch.n_seq() > 0 && batch.is_decode();
-        auto add_active = [&](tensor_view<float, 2> src) {
-            for (std::int64_t r = 0; r < n; ++r) {
-                if (!active[static_cast<std::size_t>(r)]) continue;
-                float* xr = &x(r, 0);
-                const float* sr = &src(r, 0);
-                for (std::int64_t i = 0; i < d; ++i) xr[i] += sr[i];
-            }
-        };
-        for (std::size_t l = 0; l < layers_.size(); ++l) {
-            const layer& L = layers_[l];
-            kernels::rms_norm<float>(x, L.norm.data(), cfg_.norm_eps, Norm::flavor, h);
+        ops::embedding(be, w_.embedding.view<2>(), tokens, live, x);
+        if constexpr (probing<Probe>) probe("embeddings", tensor_view<const float, 2>(x));
+        cache.stats().clear();
+        block_context<B> ctx{be, vb, head(), w_.final_norm.data(), cfg_.norm_eps, Norm::flavor, side, ws, &cache.stats(), 0};
+        for (std::size_t l = 0; l < blocks_.size(); ++l) {
+            ctx.layer = static_cast<std::int64_t>(l);
             auto& st = cache.layer_state(static_cast<std::int64_t>(l));
-            std::visit([&](const auto& m) {
-                using S = typename std::decay_t<decltype(m)>::state_type;
-                auto* s = std::get_if<S>(&st);
-                if (!s) throw shape_error("model forward: cache layer " + std::to_string(l) + " holds another mixer's state");
-                if (decode)
-                    m.step(be, *s, batch, tensor_view<const float, 2>(h), y);
+            visit_indexed(blocks_[l], [&](auto I, const auto& blk) {
+                auto* s = std::get_if<decltype(I)::value>(&st);
+                if (!s) throw shape_error("model forward: cache layer " + std::to_string(l) + " holds another block's state");
+                if constexpr (requires { blk.forward(ctx, *s, x, probe); })
+                    blk.forward(ctx, *s, x, probe);
                 else
-                    m.forward(be, *s, batch, tensor_view<const float, 2>(h), y);
-            }, L.mixer);
-            if constexpr (probing) probe("layers." + std::to_string(l) + ".mixer_output", y);
-            add_active(y);
-            if constexpr (Mlp::present) {
-                kernels::rms_norm<float>(x, L.mlp_norm.data(), cfg_.norm_eps, Norm::flavor, h);
-                auto gu = ws.gu.get(n, 2 * L.mlp.d_ff());
-                kernels::swiglu(be, L.mlp, h, gu, y);
-                add_active(y);
-            }
-            if constexpr (probing) probe("layers." + std::to_string(l) + ".output", x);
+                    blk.forward(ctx, *s, x);
+            });
+            if constexpr (probing<Probe>) probe("layers." + std::to_string(l) + ".output", tensor_view<const float, 2>(x));
         }
     }
 
     stack_config cfg_;
     stack_weights w_;
-    std::vector<layer> layers_;
+    std::vector<block_variant> blocks_;
     std::vector<layer_kind> kinds_;
 };
 

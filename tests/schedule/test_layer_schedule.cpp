@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "hymix/gate/fixed_schedule.hpp"
+#include "hymix/schedule/layer_schedule.hpp"
 
 using namespace hymix;
 using K = layer_kind;
@@ -72,7 +72,20 @@ TEST_CASE("run-time lists from config.json are parsed and checked") {
     CHECK(n2.find("layer 3") != std::string::npos);
     CHECK(n2.find("expected 'attention'") != std::string::npos);
     CHECK(n2.find("is 'mamba2'") != std::string::npos);
-    CHECK_THROWS_AS(kinds_from_pattern("M-E"), config_error);  // MoE layers are not implemented
+    // Kinds are open: any capital letter parses (a kind some mixer may declare, e.g. Nemotron-H's E for MoE), and a
+    // schedule that does not use it rejects it, naming the letter; other characters are rejected at parse time.
+    const auto moe = kinds_from_pattern("M-E");
+    CHECK(moe[2] == layer_kind('E'));
+    const auto me = check_message([&] { pattern<"M-M">::check(moe); });
+    CHECK(me.find("kind 'E'") != std::string::npos);
+    CHECK_THROWS_AS(kinds_from_pattern("M-e"), config_error);
+    CHECK_THROWS_AS(kinds_from_pattern("M?M"), config_error);
+    // A kind a mixer declares is found by its Hugging Face layer type.
+    const kind_info swa{layer_kind('S', "sliding_attention"), {"sliding_attention"}};
+    const auto st = kinds_from_layer_types(std::vector<std::string>{"sliding_attention", "full_attention"}, K::gated_deltanet,
+                                           std::span<const kind_info>(&swa, 1));
+    CHECK(st[0] == layer_kind('S'));
+    CHECK(st[1] == K::attention);
     const auto bad = check_message([&] { kinds_from_layer_types(std::vector<std::string>{"linear_attention", "moe"}, K::mamba2); });
     CHECK(bad.find("'moe' at layer 1") != std::string::npos);
 }

@@ -14,71 +14,32 @@
 #include <vector>
 
 #include "hymix/core/error.hpp"
+#include "hymix/schedule/layer_kind.hpp"
 
 namespace hymix {
 
-/// The kind of a stack layer: which sequence mixer (or a stand-alone MLP layer, Nemotron-H style) it holds.
-enum class layer_kind : std::uint8_t { mamba2, gated_deltanet, attention, mlp };
-
-inline constexpr std::array<layer_kind, 4> all_layer_kinds{layer_kind::mamba2, layer_kind::gated_deltanet,
-                                                           layer_kind::attention, layer_kind::mlp};
-
-/// "mamba2" | "gated_deltanet" | "attention" | "mlp".
-constexpr std::string_view layer_kind_name(layer_kind k) noexcept {
-    switch (k) {
-        case layer_kind::mamba2: return "mamba2";
-        case layer_kind::gated_deltanet: return "gated_deltanet";
-        case layer_kind::attention: return "attention";
-        case layer_kind::mlp: return "mlp";
-    }
-    return "?";
-}
-
-/// One letter per kind for compact schedule strings: M (Mamba-2), G (Gated DeltaNet), A (attention), - (MLP).
-constexpr char layer_kind_code(layer_kind k) noexcept {
-    switch (k) {
-        case layer_kind::mamba2: return 'M';
-        case layer_kind::gated_deltanet: return 'G';
-        case layer_kind::attention: return 'A';
-        case layer_kind::mlp: return '-';
-    }
-    return '?';
-}
-
-/// Compact schedule string of a list of kinds, e.g. "GGAGGA".
-inline std::string schedule_string(std::span<const layer_kind> kinds) {
-    std::string s;
-    for (auto k : kinds) s += layer_kind_code(k);
-    return s;
-}
-
 namespace detail {
 
-/// Parses one pattern letter: M mamba2, G gated_deltanet, A or * attention, - mlp. Anything else (including
-/// Nemotron-H's E for MoE, which hymix does not implement) is rejected: a throw in a constant expression is a
-/// compile error, at run time a config_error.
+/// Parses one pattern letter: '*' means attention (Nemotron-H), '-' an MLP layer, and any capital letter the kind
+/// with that code (M Mamba-2, G Gated DeltaNet, A attention, and whatever letters the bound mixers declare: a stack
+/// rejects, at compile time or at load, a kind no binding provides). Anything else is rejected: a throw in a constant
+/// expression is a compile error, at run time a config_error.
 constexpr layer_kind parse_pattern_char(char c, std::size_t index) {
-    switch (c) {
-        case 'M': return layer_kind::mamba2;
-        case 'G': return layer_kind::gated_deltanet;
-        case 'A':
-        case '*': return layer_kind::attention;
-        case '-': return layer_kind::mlp;
-        default:
-            throw config_error("layer pattern: unsupported letter '" + std::string(1, c) + "' at layer " +
-                               std::to_string(index) + " (expected M, G, A, * or -)");
-    }
+    if (c == '*' || c == 'A') return layer_kind::attention;
+    if (c == '-') return layer_kind::mlp;
+    if (c == 'M') return layer_kind::mamba2;
+    if (c == 'G') return layer_kind::gated_deltanet;
+    if (c >= 'B' && c <= 'Z') return layer_kind(c);
+    throw config_error("layer pattern: unsupported letter '" + std::string(1, c) + "' at layer " + std::to_string(index) +
+                       " (expected a capital letter, * or -)");
 }
 
 [[noreturn]] inline void schedule_mismatch(std::string_view schedule, std::size_t layer, layer_kind expected,
                                            layer_kind found) {
     throw config_error("layer schedule " + std::string(schedule) + ": layer " + std::to_string(layer) +
-                       " of the checkpoint config is '" + std::string(layer_kind_name(found)) + "', expected '" +
-                       std::string(layer_kind_name(expected)) + "'");
+                       " of the checkpoint config is '" + layer_kind_name(found) + "', expected '" +
+                       layer_kind_name(expected) + "'");
 }
-
-/// Bit mask of a set of kinds.
-constexpr std::uint32_t kind_bit(layer_kind k) noexcept { return 1u << static_cast<unsigned>(k); }
 
 }  // namespace detail
 
@@ -130,7 +91,7 @@ struct every_layer {
     static constexpr std::int64_t layer_count = -1;
     static constexpr layer_kind kind_at(std::int64_t) noexcept { return Kind; }
     static constexpr bool allows(layer_kind k) noexcept { return k == Kind; }
-    static std::string name() { return "every_layer<" + std::string(layer_kind_name(Kind)) + ">"; }
+    static std::string name() { return "every_layer<" + layer_kind_name(Kind) + ">"; }
     static void check(std::span<const layer_kind> kinds) { detail::check_static<every_layer>(kinds); }
 };
 
@@ -146,7 +107,7 @@ struct periodic {
     static constexpr bool allows(layer_kind k) noexcept { return k == Base || k == layer_kind::attention; }
     static std::string name() {
         return "periodic<" + std::to_string(Period) + ", " + std::to_string(Offset) + ", " +
-               std::string(layer_kind_name(Base)) + ">";
+               layer_kind_name(Base) + ">";
     }
     static void check(std::span<const layer_kind> kinds) { detail::check_static<periodic>(kinds); }
 };
@@ -166,7 +127,7 @@ struct interval_rule {
         return k == Base || (k == layer_kind::attention && Interval >= 1);
     }
     static std::string name() {
-        return "interval_rule<" + std::to_string(Interval) + ", " + std::string(layer_kind_name(Base)) + ">";
+        return "interval_rule<" + std::to_string(Interval) + ", " + layer_kind_name(Base) + ">";
     }
     static void check(std::span<const layer_kind> kinds) { detail::check_static<interval_rule>(kinds); }
 };
@@ -214,7 +175,7 @@ struct any_of {
         for (std::size_t i = 0; i < kinds.size(); ++i)
             if (!allows(kinds[i]))
                 throw config_error("layer schedule " + name() + ": layer " + std::to_string(i) +
-                                   " of the checkpoint config is '" + std::string(layer_kind_name(kinds[i])) +
+                                   " of the checkpoint config is '" + layer_kind_name(kinds[i]) +
                                    "', which this schedule does not allow");
     }
 };
@@ -240,23 +201,32 @@ inline std::vector<layer_kind> kinds_from_pattern(std::string_view p) {
 
 /// Kind of one entry of a config.json layer list. `linear_attention` means the family's recurrent mixer
 /// (`linear_kind`: GDN for Qwen3-Next/3.5, Mamba-2 for Nemotron-H `layers_block_type`); `full_attention` and
-/// `attention` mean softmax attention; `mamba`/`mamba2`/`m2` Mamba-2; `mlp` an MLP layer. Throws config_error
-/// naming the layer index and the entry otherwise.
-inline layer_kind kind_from_layer_type(std::string_view t, layer_kind linear_kind, std::size_t index) {
+/// `attention` mean softmax attention; `mamba`/`mamba2`/`m2` Mamba-2; `mlp` an MLP layer; any other entry is looked up
+/// in the Hugging Face layer types that the stack's mixers declare (`declared`, e.g. "sliding_attention"). Throws
+/// config_error naming the layer index and the entry otherwise.
+inline layer_kind kind_from_layer_type(std::string_view t, layer_kind linear_kind, std::size_t index,
+                                       std::span<const kind_info> declared = {}) {
     if (t == "linear_attention") return linear_kind;
     if (t == "full_attention" || t == "attention") return layer_kind::attention;
     if (t == "mamba" || t == "mamba2" || t == "m2") return layer_kind::mamba2;
     if (t == "gated_deltanet") return layer_kind::gated_deltanet;
     if (t == "mlp") return layer_kind::mlp;
+    for (const auto& k : declared)
+        if (k.matches_hf(t)) return k.kind;
+    std::string known = "linear_attention, full_attention, mamba2, mlp";
+    for (const auto& k : declared)
+        for (auto h : k.hf_layer_types)
+            if (!h.empty() && known.find(h) == std::string::npos) known += ", " + std::string(h);
     throw config_error("layer_types: unsupported layer type '" + std::string(t) + "' at layer " + std::to_string(index) +
-                       " (expected linear_attention, full_attention, mamba2 or mlp)");
+                       " (expected " + known + ")");
 }
 
 /// Kinds from a Qwen-style `layer_types` list.
-inline std::vector<layer_kind> kinds_from_layer_types(std::span<const std::string> types, layer_kind linear_kind) {
+inline std::vector<layer_kind> kinds_from_layer_types(std::span<const std::string> types, layer_kind linear_kind,
+                                                      std::span<const kind_info> declared = {}) {
     std::vector<layer_kind> v;
     v.reserve(types.size());
-    for (std::size_t i = 0; i < types.size(); ++i) v.push_back(kind_from_layer_type(types[i], linear_kind, i));
+    for (std::size_t i = 0; i < types.size(); ++i) v.push_back(kind_from_layer_type(types[i], linear_kind, i, declared));
     return v;
 }
 

@@ -1,0 +1,53 @@
+// One dispatch point per op and backend. Every op hymix runs (projections, norms, convolutions, the SSD and
+// gated-delta stages, attention, RoPE, SwiGLU, the embedding gather and the elementwise pieces of the mixers) is an
+// empty tag type; a backend implements an op by specialising `op_impl<Op, Backend>` with a static `run`. Mixers,
+// blocks and stacks call `dispatch<Op>(be, args...)` (through the named wrappers of hymix/ops/) and never loop over
+// activations themselves, so a new backend is new specialisations, not edits, and a backend that lacks an op fails
+// to compile with a message naming both (the primary template only static_asserts; tested in tests/failtest).
+#pragma once
+
+#include <type_traits>
+#include <utility>
+
+#include "hymix/backend/concepts.hpp"
+
+namespace hymix {
+
+/// The implementation of op `Op` on backend `Backend`: specialise with `static void run(const Backend&, ...)`.
+/// The primary template is the "not implemented" case.
+template <class Op, class Backend>
+struct op_impl {
+    static constexpr bool implemented = false;
+};
+
+namespace detail {
+/// Reads as the diagnostic: "backend_lacks_op<Op, Backend>" appears with both types spelled out.
+template <class Op, class Backend>
+struct backend_lacks_op : std::false_type {};
+
+template <class Op, class Backend>
+constexpr bool implements_op_v() {
+    if constexpr (requires { op_impl<Op, Backend>::implemented; })
+        return op_impl<Op, Backend>::implemented;
+    else
+        return true;  // a specialisation need not say so
+}
+}  // namespace detail
+
+/// True when `Backend` implements `Op` (has a specialisation of op_impl).
+template <class Op, class Backend>
+inline constexpr bool implements_op = detail::implements_op_v<Op, Backend>();
+
+/// Runs op `Op` on backend `be`. Fails to compile, naming the op and the backend, when the backend lacks it.
+template <class Op, backend Backend, class... Args>
+decltype(auto) dispatch(const Backend& be, Args&&... args) {
+    if constexpr (!implements_op<Op, Backend>) {
+        static_assert(detail::backend_lacks_op<Op, Backend>::value,
+                      "hymix: this backend does not implement this op (the instantiation above names them as Op and "
+                      "Backend): specialise hymix::op_impl<Op, Backend>");
+    } else {
+        return op_impl<Op, Backend>::run(be, std::forward<Args>(args)...);
+    }
+}
+
+}  // namespace hymix

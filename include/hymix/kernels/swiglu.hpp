@@ -1,0 +1,94 @@
+// SwiGLU MLP (spec.md §1): y = W_down(silu(W_gate x) ⊙ W_up x), Hugging Face `mlp.{gate,up,down}_proj` layout;
+// fp32 fast path (one fused gate|up projection) and its fp64 reference twin.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hymix/backend/concepts.hpp"
+#include "hymix/core/error.hpp"
+#include "hymix/core/math.hpp"
+#include "hymix/core/tensor.hpp"
+#include "hymix/kernels/linear.hpp"
+
+namespace hymix {
+
+/// SwiGLU weights in the Hugging Face layout; `gate_up` [2·d_ff, d] is built once from gate_proj and up_proj so
+/// one projection reads x once for both (the first d_ff rows are the gate).
+struct swiglu_weights {
+    tensor<float> gate_proj;  // [d_ff, d]
+    tensor<float> up_proj;    // [d_ff, d]
+    tensor<float> down_proj;  // [d, d_ff]
+    tensor<float> gate_up;    // [2·d_ff, d], filled by prepare()
+
+    std::int64_t d_ff() const { return gate_proj.rank() == 2 ? gate_proj.dim(0) : 0; }
+
+    /// Throws shape_error naming the tensor (prefixed by `where`, e.g. "layers.3.mlp") on a mismatch.
+    void validate(std::int64_t d_model, const std::string& where) const {
+        auto need = [&](const tensor<float>& t, std::int64_t a, std::int64_t b, const char* n) {
+            if (t.rank() != 2 || t.dim(0) != a || t.dim(1) != b)
+                throw shape_error(where + "." + n + ": expected shape " + shape_string(std::vector<std::int64_t>{a, b}) +
+                                  ", found " + shape_string(t.shape()));
+        };
+        if (gate_proj.rank() != 2) throw shape_error(where + ".gate_proj: expected a 2-D weight, found " + shape_string(gate_proj.shape()));
+        const std::int64_t f = gate_proj.dim(0);
+        need(gate_proj, f, d_model, "gate_proj");
+        need(up_proj, f, d_model, "up_proj");
+        need(down_proj, d_model, f, "down_proj");
+    }
+    /// Builds gate_up from gate_proj and up_proj.
+    void prepare() {
+        const std::int64_t f = gate_proj.dim(0), d = gate_proj.dim(1);
+        gate_up = tensor<float>({2 * f, d});
+        std::copy_n(gate_proj.data(), f * d, gate_up.data());
+        std::copy_n(up_proj.data(), f * d, gate_up.data() + f * d);
+    }
+};
+
+namespace kernels {
+
+/// SwiGLU forward. x [M, d], w.gate_up [2F, d] (prepared), w.down_proj [d, F]; scratch gu [M, 2F]; y [M, d].
+/// y must not alias x. fp32, parallel inside the projections.
+template <cpu_backend_type Backend>
+void swiglu(const Backend& be, const swiglu_weights& w, tensor_view<const float, 2> x, tensor_view<float, 2> gu,
+            tensor_view<float, 2> y) {
+    const std::int64_t M = x.dim(0), F = w.down_proj.dim(1);
+    gu.require_shape({M, 2 * F}, "swiglu: scratch");
+    linear(be, x, w.gate_up.view<2>(), nullptr, gu);
+    // Compact silu(g) ⊙ u into the first F columns of each row, then project down from that strided view.
+    for (std::int64_t m = 0; m < M; ++m) {
+        float* r = &gu(m, 0);
+        for (std::int64_t i = 0; i < F; ++i) r[i] = silu(r[i]) * r[F + i];
+    }
+    tensor_view<const float, 2> act(gu.data, {M, F}, {gu.strides[0], 1});
+    linear(be, act, w.down_proj.view<2>(), nullptr, y);
+}
+
+/// Reference twin in double precision with obvious loops: x [M, d] (float or double, const or not) → y [M, d],
+/// from gate_proj/up_proj/down_proj.
+template <class TX, class TY>
+void swiglu_ref(const swiglu_weights& w, tensor_view<TX, 2> x, tensor_view<TY, 2> y) {
+    const std::int64_t M = x.dim(0), d = x.dim(1), F = w.gate_proj.dim(0);
+    std::vector<double> a(static_cast<std::size_t>(F));
+    for (std::int64_t m = 0; m < M; ++m) {
+        for (std::int64_t f = 0; f < F; ++f) {
+            double g = 0, u = 0;
+            for (std::int64_t k = 0; k < d; ++k) {
+                g += static_cast<double>(w.gate_proj[f * d + k]) * static_cast<double>(x(m, k));
+                u += static_cast<double>(w.up_proj[f * d + k]) * static_cast<double>(x(m, k));
+            }
+            a[static_cast<std::size_t>(f)] = silu(g) * u;
+        }
+        for (std::int64_t o = 0; o < d; ++o) {
+            double s = 0;
+            for (std::int64_t f = 0; f < F; ++f) s += static_cast<double>(w.down_proj[o * F + f]) * a[static_cast<std::size_t>(f)];
+            y(m, o) = static_cast<TY>(s);
+        }
+    }
+}
+
+}  // namespace kernels
+
+}  // namespace hymix

@@ -1,0 +1,66 @@
+// Sliding-window causal attention as a layer kind of its own ('S', Hugging Face layer type "sliding_attention", as
+// in Mistral / Qwen2 / Gemma configs with a `sliding_window` key): the attention mixer of mixer/attention.hpp with a
+// window w > 0 — query i sees keys (i − w, i] — and a KV cache bounded to about 2·w tokens per slot (keys no later
+// query can see are evicted, positions stay absolute). spec.md §2 (window mask).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+
+#include "hymix/mixer/attention.hpp"
+
+namespace hymix {
+
+class sliding_window_attention {
+public:
+    using config_type = attention_config;
+    using weights_type = attention_weights;
+    using state_type = kv_cache;
+    static constexpr kind_info kind{layer_kind('S', "sliding_attention"), {"sliding_attention"}};
+
+    /// Throws config_error unless config.sliding_window > 0 (and whatever attention's constructor throws).
+    sliding_window_attention(attention_config c, attention_weights w) : a_(checked(c), std::move(w)) {}
+
+    const attention_config& config() const noexcept { return a_.config(); }
+    const attention_weights& weights() const noexcept { return a_.weights(); }
+    std::int64_t window() const noexcept { return a_.config().sliding_window; }
+    kv_cache make_state(std::int64_t n_slots) const { return a_.make_state(n_slots); }
+
+    template <host_backend B, batch_like Batch>
+    void forward(const B& be, kv_cache& st, const Batch& batch, tensor_view<const float, 2> x, tensor_view<float, 2> y) const {
+        a_.forward(be, st, batch, x, y);
+    }
+    template <host_backend B, batch_like Batch>
+    void step(const B& be, kv_cache& st, const Batch& batch, tensor_view<const float, 2> x, tensor_view<float, 2> y) const {
+        a_.step(be, st, batch, x, y);
+    }
+    template <host_backend B, batch_like Batch>
+    void forward_sparse(const B& be, kv_cache& st, const Batch& batch, tensor_view<const float, 2> x, tensor_view<float, 2> y,
+                        std::span<const unsigned char> fire) const {
+        a_.forward_sparse(be, st, batch, x, y, fire);
+    }
+
+private:
+    static attention_config checked(attention_config c) {
+        if (c.sliding_window <= 0)
+            throw config_error("sliding_window_attention: sliding_window must be > 0, found " + std::to_string(c.sliding_window));
+        return c;
+    }
+    attention a_;
+};
+
+static_assert(mixer<sliding_window_attention, cpu_backend>);
+static_assert(mixer<sliding_window_attention, reference_backend>);
+
+/// Mixer-level hooks used by generic tests: the fp64 reference is attention's, with the window in the mask.
+inline attention_ref_cache make_ref_state(const sliding_window_attention& m, std::int64_t n_slots) {
+    return attention_ref_cache(m.config(), n_slots);
+}
+inline void layer_ref(const sliding_window_attention& m, const seq_batch& b, tensor_view<const double, 2> x, attention_ref_cache& st,
+                      tensor_view<double, 2> y) {
+    attention_layer_ref(m.config(), m.weights(), b, x, st, y);
+}
+
+}  // namespace hymix

@@ -1,0 +1,42 @@
+// Op: dense projection y[M, N] = x[M, K] · W[N, K]ᵀ (+ b), PyTorch's nn.Linear layout (spec.md §0).
+// CPU: kernels::linear (register-tiled xsimd / Eigen, parallel over output columns). Reference: fp64 loops.
+#pragma once
+
+#include "hymix/kernels/linear.hpp"
+#include "hymix/ops/common.hpp"
+
+namespace hymix {
+namespace ops {
+
+struct linear_op {};
+
+/// y[M, N] = x[M, K] · w[N, K]ᵀ + bias[N] (bias may be null). fp32 in and out. Unit inner strides.
+/// Throws shape_error on mismatched shapes.
+template <backend B>
+void linear(const B& be, view_of<B, const float, 2> x, view_of<B, const float, 2> w, const float* bias,
+            view_of<B, float, 2> y) {
+    dispatch<linear_op>(be, x, w, bias, y);
+}
+
+}  // namespace ops
+
+template <class Arch>
+struct op_impl<ops::linear_op, basic_cpu_backend<Arch>> {
+    static void run(const basic_cpu_backend<Arch>& be, tensor_view<const float, 2> x, tensor_view<const float, 2> w,
+                    const float* bias, tensor_view<float, 2> y) {
+        kernels::linear(be, x, w, bias, y);
+    }
+};
+
+template <>
+struct op_impl<ops::linear_op, reference_backend> {
+    static void run(const reference_backend&, tensor_view<const float, 2> x, tensor_view<const float, 2> w, const float* bias,
+                    tensor_view<float, 2> y) {
+        const std::int64_t M = x.dim(0), K = x.dim(1), N = w.dim(0);
+        w.require_shape({N, K}, "linear: weight");
+        y.require_shape({M, N}, "linear: output");
+        kernels::linear_ref<float, float, float>(x, w, bias, y);
+    }
+};
+
+}  // namespace hymix

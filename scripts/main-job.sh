@@ -43,7 +43,7 @@ echo "== hymix info"
 "$tool" info --model "$model"
 echo
 echo "== hymix score: held-out KJV bytes [4083327, +131072), window 512 (README of shared/models gives the reference)"
-"$tool" score --model "$model" --text "$text" --offset 4083327 --bytes 131072 --window 512
+"$tool" score --model "$model" --text "$text" --offset 4083327 --bytes 131072 --window 512 --full-windows
 echo
 echo "== hymix generate: greedy continuation of a held-out verse"
 "$tool" generate --model "$model" --prompt "$(tail -c +4083328 "$text" | head -c 64)" --max-new 160 --temperature 0

@@ -24,7 +24,7 @@ for w in $what; do
         "$check" logits "$ref" "$work/logits.safetensors" 1e-4 ;;
     score512 | score2048)
         L=${w#score}
-        "$tool" score --model "$model" --text "$text" --offset 4083327 --bytes 131072 --window "$L" | tee "$work/score$L.out"
+        "$tool" score --model "$model" --text "$text" --offset 4083327 --bytes 131072 --window "$L" --full-windows | tee "$work/score$L.out"
         "$check" score "$model/meta.json" "$L" "$work/score$L.out" 2e-4 ;;
     *) echo "unknown check $w"; exit 2 ;;
     esac

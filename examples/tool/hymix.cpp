@@ -1,228 +1,222 @@
 // hymix — run Hugging Face Mamba-2 / Qwen3.5 (GDN, GDN+attention) checkpoints from the command line.
 //   hymix info     --model DIR
-//   hymix generate --model DIR --prompt TEXT | --prompt-file F  --max-new N [--temperature T --top-k K --top-p P --seed S]
-//   hymix score    --model DIR --text FILE --offset O --bytes N --window L
+//   hymix generate --model DIR --prompt TEXT | -f FILE  [-n N --temperature T --top-k K --top-p P --min-p P ...]
+//   hymix score    --model DIR --text FILE [--offset O --bytes N --window L --full-windows]
 //   hymix logits   --model DIR --input IN.safetensors --output OUT.safetensors
-// Tokens are bytes (the shared KJV checkpoints); the tokenizer is the replaceable hymix::byte_tokenizer.
-#include <chrono>
+// This file defines the command line and maps failures to exit codes (tool.hpp); each command lives in its own
+// file. Tokens are bytes (the shared KJV checkpoints); the tokenizer is the replaceable hymix::byte_tokenizer.
 #include <cstdio>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <new>
-#include <optional>
 #include <string>
 #include <vector>
 
-#include <unistd.h>
-
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
+#include <oneapi/tbb/info.h>
+#include <oneapi/tbb/version.h>
+#include <xsimd/xsimd.hpp>
 
-#include "hymix/io/safetensors.hpp"
-#include "hymix/models/auto_model.hpp"
-#include "hymix/text/sampler.hpp"
-#include "hymix/text/score.hpp"
-#include "hymix/text/tokenizer.hpp"
-
-namespace fs = std::filesystem;
-using clock_type = std::chrono::steady_clock;
+#include "cli.hpp"
+#include "hymix/core/finite.hpp"
+#include "tool.hpp"
 
 namespace {
 
-double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
-
-std::string read_file(const fs::path& p) {
-    std::ifstream f(p, std::ios::binary);
-    if (!f) throw hymix::io_error("cannot open '" + p.string() + "'");
-    return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+std::string version_text() {
+    return fmt::format("hymix {} (SIMD {}, oneTBB {}, {} {})", HYMIX_TOOL_VERSION, xsimd::default_arch::name(),
+                       TBB_VERSION_STRING,
+#if defined(__clang__)
+                       "clang", __clang_version__
+#elif defined(__GNUC__)
+                       "g++", __VERSION__
+#else
+                       "compiler", "unknown"
+#endif
+    );
 }
 
-/// The checkpoint directory: --model, else $HYMIX_MODEL; otherwise explain what to pass.
-fs::path resolve_model(const std::string& arg) {
-    std::string dir = arg;
-    if (dir.empty())
-        if (const char* env = std::getenv("HYMIX_MODEL")) dir = env;
-    if (dir.empty())
-        throw hymix::config_error(
-            "no model given. Pass --model DIR (or set HYMIX_MODEL) where DIR is a Hugging Face checkpoint directory "
-            "holding config.json and model.safetensors, e.g. --model ../shared/models/kjv-hybrid-byte "
-            "(Mamba2ForCausalLM and Qwen3_5ForCausalLM text models are supported).");
-    if (!fs::is_directory(dir)) throw hymix::io_error("model directory '" + dir + "' does not exist");
-    return dir;
+std::string join(const std::vector<std::string>& v) {
+    std::string s;
+    for (const auto& x : v) s += (s.empty() ? "" : " ") + x;
+    return s;
 }
 
-void cmd_info(const fs::path& dir, int threads) {
-    const auto m = hymix::auto_model::load(dir, threads);
-    const auto& i = m.info();
-    fmt::print("model        {}\n", dir.string());
-    fmt::print("architecture {} (model_type {})\n", i.architecture, i.model_type);
-    fmt::print("parameters   {}\n", i.n_params);
-    fmt::print("layers       {}  d_model {}  vocab {}\n", i.n_layers, i.d_model, i.vocab_size);
-    fmt::print("schedule     {}\n", i.schedule);
-    for (std::size_t l = 0; l < i.layer_kinds.size(); ++l) fmt::print("  layer {:>2}: {}\n", l, i.layer_kinds[l]);
+/// Extra arguments left after parsing a command, in the order given; unknown options are named as such.
+std::string extras_message(const std::vector<std::string>& extra, const std::string& command) {
+    std::vector<std::string> options;
+    for (const auto& a : extra)
+        if (a.size() > 1 && a[0] == '-') options.push_back(a);
+    std::string m = fmt::format("unexpected argument{}: {}", extra.size() > 1 ? "s" : "", join(extra));
+    if (!options.empty())
+        m += fmt::format(" ({} {} not {} option of '{}')", join(options), options.size() > 1 ? "are" : "is",
+                         options.size() > 1 ? "options" : "an", command);
+    return m;
 }
 
-void cmd_generate(const fs::path& dir, int threads, const std::string& prompt, std::int64_t max_new,
-                  const hymix::sampling_params& sp) {
-    const auto model = hymix::auto_model::load(dir, threads);
-    const hymix::byte_tokenizer tok;
-    const auto V = model.info().vocab_size;
-    if (tok.vocab_size() != V)
-        throw hymix::config_error(fmt::format("the byte tokenizer has {} tokens but the model's vocabulary has {}",
-                                              tok.vocab_size(), V));
-    auto ids = tok.encode(prompt);
-    if (ids.empty()) throw hymix::config_error("generate: the prompt is empty");
-    hymix::sampler smp(sp);
-    auto cache = model.make_cache(1);
-    hymix::tensor<float> logits({1, V});
-    std::fwrite(prompt.data(), 1, prompt.size(), stdout);
-    std::fflush(stdout);
+using tool::cli::decimal;
+using tool::cli::whole;
 
-    const auto t0 = clock_type::now();
-    const std::int64_t T = static_cast<std::int64_t>(ids.size());
-    model.forward_last(cache, hymix::seq_batch::dense(1, T), ids, logits.view<2>());
-    const double prefill_s = seconds_since(t0);
+int fail(int code, const std::string& message) {
+    tool::console::end_lines();
+    fmt::print(stderr, "hymix: error: {}\n", message);
+    return code;
+}
 
-    const auto t1 = clock_type::now();
-    std::int64_t produced = 0;
-    for (; produced < max_new; ++produced) {
-        const std::int32_t next = smp.sample({logits.data(), static_cast<std::size_t>(V)});
-        const std::string bytes = tok.decode(next);
-        std::fwrite(bytes.data(), 1, bytes.size(), stdout);
-        std::fflush(stdout);
-        if (produced + 1 == max_new) {
-            ++produced;
-            break;
-        }
-        const std::int32_t one[1] = {next};
-        model.forward_last(cache, hymix::seq_batch::dense(1, 1), one, logits.view<2>());
+/// Every option of every command, and the values they set.
+struct command_line {
+    CLI::App app{"hymix: run hybrid recurrent/attention language models (Hugging Face checkpoints) on the CPU"};
+    CLI::App *info = nullptr, *gen = nullptr, *score = nullptr, *logits = nullptr;
+    tool::common_options common;
+    tool::generate_options generate;
+    tool::score_options scoring;
+    tool::logits_options logit_files;
+    // Values whose absence means something (random seed, context from config.json, range from the text).
+    std::uint64_t seed = 0;
+    std::int64_t ctx_size = 0, offset = 0, n_bytes = 0;
+    CLI::Option *seed_opt = nullptr, *ctx_opt = nullptr, *offset_opt = nullptr, *bytes_opt = nullptr;
+    const int cores = tbb::info::default_concurrency();
+
+    command_line() {
+        app.require_subcommand(0, 1);
+        app.set_version_flag("--version", version_text(), "print the version, SIMD architecture and compiler, then exit");
+        app.footer(tool::exit_code_help());
+        app.option_defaults()->always_capture_default();
+        app.allow_extras();  // an unknown command is reported by main
+        info = command("info", "architecture, parameter count and layer schedule");
+        define_generate();
+        define_score();
+        logits = command("logits", "logits for input_ids [B, T] (int64) -> logits [B, T, V] (f32) safetensors");
+        logits->add_option("--input", logit_files.input, "safetensors file with input_ids")->required();
+        logits->add_option("--output", logit_files.output, "safetensors file to write")->required();
     }
-    const double decode_s = seconds_since(t1);
-    std::fputc('\n', stdout);
-    std::fflush(stdout);
-    fmt::print(stderr, "prefill: {} tokens in {:.3f} s ({:.1f} tokens/s)\n", T, prefill_s, T / prefill_s);
-    if (produced > 1)
-        fmt::print(stderr, "decode:  {} tokens in {:.3f} s ({:.1f} tokens/s)\n", produced - 1, decode_s,
-                   (produced - 1) / decode_s);
-}
 
-void cmd_score(const fs::path& dir, int threads, const fs::path& text_path, std::int64_t offset, std::int64_t n_bytes,
-               std::int64_t window, std::int64_t batch) {
-    const auto model = hymix::auto_model::load(dir, threads);
-    const std::string text = read_file(text_path);
-    const bool tty = ::isatty(fileno(stderr)) != 0;
-    auto progress = [&](std::int64_t done, std::int64_t total) {
-        if (!tty) return;
-        const int width = 40;
-        const int fill = static_cast<int>(width * done / std::max<std::int64_t>(total, 1));
-        fmt::print(stderr, "\r[{}{}] {}/{} windows", std::string(static_cast<std::size_t>(fill), '#'),
-                   std::string(static_cast<std::size_t>(width - fill), ' '), done, total);
-        if (done == total) fmt::print(stderr, "\n");
-    };
-    const auto r = hymix::score_bits_per_byte(
-        model, std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(text.data()), text.size()), offset,
-        n_bytes, window, batch, progress);
-    fmt::print("model {}  text {}  offset {}  bytes {}  window {}\n", dir.filename().string(),
-               text_path.filename().string(), offset, n_bytes, window);
-    fmt::print("bits/byte {:.6f}  ({} windows, {} scored bytes, {:.1f} s, {:.0f} tokens/s)\n", r.bits_per_byte, r.windows,
-               r.scored_bytes, r.seconds, static_cast<double>(r.scored_bytes) / r.seconds);
-}
-
-void cmd_logits(const fs::path& dir, int threads, const fs::path& in, const fs::path& out) {
-    const auto model = hymix::auto_model::load(dir, threads);
-    const hymix::safetensors::file f(in);
-    const auto ids = f.to_tensor<std::int64_t>("input_ids");  // [B, T]; dtype_error unless I64
-    if (ids.rank() != 2)
-        throw hymix::shape_error(in.string() + ": input_ids must have shape [B, T], found " + hymix::shape_string(ids.shape()));
-    const std::int64_t B = ids.dim(0), T = ids.dim(1), V = model.info().vocab_size;
-    if (B < 1) throw hymix::shape_error(in.string() + ": input_ids has shape " + hymix::shape_string(ids.shape()) + ", expected B >= 1 rows");
-    std::vector<std::int32_t> tokens(static_cast<std::size_t>(B * T));
-    for (std::int64_t i = 0; i < B * T; ++i) {
-        const std::int64_t v = ids[i];
-        if (v < 0 || v >= V)
-            throw hymix::value_error(fmt::format("{}: input_ids[{}] = {} is outside the vocabulary [0, {})", in.string(), i, v, V));
-        tokens[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(v);
+    /// A command with the options every command has.
+    CLI::App* command(const char* name, const char* what) {
+        auto* c = app.add_subcommand(name, what);
+        c->footer(tool::exit_code_help());
+        c->allow_extras();  // reported by main in the order given
+        c->add_option("--model,-m", common.model, "checkpoint directory (config.json + model.safetensors)")
+            ->default_str("$HYMIX_MODEL");
+        c->add_option("--threads,-t", common.threads, fmt::format("worker threads, 0 to {} (0 = all cores)", cores))
+            ->check(whole(0, cores, fmt::format("0 = all {} cores", cores)))
+            ->default_str(fmt::format("0 (all {} cores)", cores));
+        c->add_flag("--allow-nonfinite", common.allow_nonfinite,
+                    "load weights holding NaN / Inf (each such tensor is named in a warning); logits writes non-finite "
+                    "results");
+        return c;
     }
-    auto cache = model.make_cache(B);
-    hymix::tensor<float> logits({B * T, V});
-    model.forward(cache, hymix::seq_batch::dense(B, T), tokens, logits.view<2>());
-    logits.reshape({B, T, V});
-    hymix::safetensors::writer w;
-    w.add("logits", logits);
-    w.write(out);
-    fmt::print("wrote logits [{}, {}, {}] to {}\n", B, T, V, out.string());
-}
+
+    void define_generate() {
+        gen = command("generate", "stream bytes generated from a prompt");
+        auto& g = generate.gen;
+        auto& sp = g.sampling;
+        sp.temperature = 0.8f;
+        auto* prompt = gen->add_option("--prompt,-p", generate.prompt, "prompt text");
+        gen->add_option("--file,-f,--prompt-file", generate.prompt_file, "file holding the prompt (bytes as they are)")
+            ->excludes(prompt);
+        gen->add_option("--n-predict,-n,--max-new", g.max_new,
+                        "tokens to generate, -1 to 1e9 (-1 = until a stop string, EOS or the context limit; 0 = prefill only)")
+            ->check(whole(-1, 1'000'000'000, "-1 = no limit, 0 = prefill only"));
+        gen->add_option("--temperature,--temp", sp.temperature, "sampling temperature, 0 to 1000 (0 = greedy)")
+            ->check(decimal(0, 1000));
+        gen->add_option("--top-k", sp.top_k, "keep the k most likely tokens, 0 to 1e9 (0 = all)")
+            ->check(whole(0, 1'000'000'000, "0 = off"));
+        gen->add_option("--top-p", sp.top_p, "nucleus sampling: keep the most likely tokens up to this mass, (0, 1] (1 = off)")
+            ->check(decimal(0, 1, true));
+        gen->add_option("--min-p", sp.min_p, "keep tokens at least this fraction as likely as the most likely one, [0, 1] (0 = off)")
+            ->check(decimal(0, 1));
+        gen->add_option("--repeat-penalty", sp.repeat_penalty,
+                        "divide positive / multiply negative logits of the last --repeat-last-n tokens by this, (0, 1000] (1 = off)")
+            ->check(decimal(0, 1000, true));
+        gen->add_option("--repeat-last-n", sp.repeat_last_n, "tokens the repetition penalty looks back at, -1 to 1e9 (-1 = all)")
+            ->check(whole(-1, 1'000'000'000, "-1 = all"));
+        seed_opt = gen->add_option("--seed,-s", seed, "random seed, 0 to 2^64 - 1")
+                       ->check(tool::cli::seed_value())
+                       ->default_str("random, printed");
+        gen->add_option("--stop", g.stop, "stop once the generated text contains this string (repeatable; it is printed)")
+            ->check(CLI::Validator([](std::string& v) { return v.empty() ? std::string("stop strings must not be empty") : std::string(); }, ""))
+            ->default_str("none");
+        gen->add_option("--ubatch,-u", g.ubatch, "prompt tokens per forward call, 1 to 1048576 (the prefill chunk: bounds activation memory)")
+            ->check(whole(1, 1 << 20));
+        ctx_opt = gen->add_option("--ctx-size,-c", ctx_size, "context limit in tokens, prompt + generated, 0 to 1e9 (0 = no limit)")
+                      ->check(whole(0, 1'000'000'000, "0 = no limit"))
+                      ->default_str("max_position_embeddings of config.json, else none");
+        gen->add_flag("--ignore-eos", generate.ignore_eos, "do not stop at the end-of-sequence token(s) of config.json");
+    }
+
+    void define_score() {
+        score = command("score", "bits per byte of a text file, with a running estimate and its standard error");
+        score->add_option("--text", scoring.text, "text file")->required();
+        offset_opt = score->add_option("--offset", offset, "first byte of the scored range, 0 to 2^50")
+                         ->check(whole(0, std::int64_t{1} << 50))
+                         ->default_str("0; the held-out offset 4083327 for the KJV of shared/data");
+        bytes_opt = score->add_option("--bytes", n_bytes, "length of the scored range, 2 to 2^50")
+                        ->check(whole(2, std::int64_t{1} << 50))
+                        ->default_str("to the end of the text");
+        score->add_option("--window", scoring.score.window, "window length L, 1 to 16777216: each window is a fresh sequence")
+            ->check(whole(1, 1 << 24));
+        score->add_option("--batch", scoring.score.batch, "windows per forward call, 1 to 4096 (memory grows with batch x window)")
+            ->check(whole(1, 4096));
+        score->add_flag("--full-windows", scoring.score.full_windows_only,
+                        "score whole windows only (s < n - L), the protocol of shared/models/README.md; by default the "
+                        "last window is shortened so every byte but the first is scored");
+    }
+
+    /// The command given (nullptr when none was), after parsing.
+    CLI::App* chosen() const {
+        for (auto* c : {info, gen, score, logits})
+            if (c->parsed()) return c;
+        return nullptr;
+    }
+
+    /// Copies the options whose absence means something into the commands' optional fields.
+    void settle() {
+        if (seed_opt->count() > 0) generate.seed = seed;
+        if (ctx_opt->count() > 0) generate.ctx_size = ctx_size;
+        if (offset_opt->count() > 0) scoring.offset = offset;
+        if (bytes_opt->count() > 0) scoring.bytes = n_bytes;
+    }
+};
 
 }  // namespace
 
 int main(int argc, char** argv) {
-    CLI::App app{"hymix: run hybrid recurrent/attention language models (Hugging Face checkpoints) on the CPU"};
-    app.require_subcommand(1);
-    std::string model_dir;
-    int threads = 0;
-    auto add_common = [&](CLI::App* c) {
-        c->add_option("--model,-m", model_dir, "checkpoint directory (config.json + model.safetensors); default $HYMIX_MODEL");
-        c->add_option("--threads,-t", threads, "worker threads (0 = all cores)")->check(CLI::NonNegativeNumber);
-    };
-
-    auto* info = app.add_subcommand("info", "architecture, parameter count and layer schedule");
-    add_common(info);
-
-    auto* gen = app.add_subcommand("generate", "stream bytes generated from a prompt");
-    add_common(gen);
-    std::string prompt, prompt_file;
-    std::int64_t max_new = 128;
-    hymix::sampling_params sp;
-    sp.temperature = 0.8f;
-    auto* p1 = gen->add_option("--prompt", prompt, "prompt text");
-    auto* p2 = gen->add_option("--prompt-file", prompt_file, "file holding the prompt")->check(CLI::ExistingFile);
-    p1->excludes(p2);
-    gen->add_option("--max-new,-n", max_new, "bytes to generate (default 128)")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40));
-    gen->add_option("--temperature", sp.temperature, "sampling temperature (0 = greedy; default 0.8)")->capture_default_str();
-    gen->add_option("--top-k", sp.top_k, "keep the k most likely tokens (0 = all)");
-    gen->add_option("--top-p", sp.top_p, "nucleus sampling mass (1 = off)");
-    gen->add_option("--seed", sp.seed, "random seed");
-
-    auto* score = app.add_subcommand("score", "bits per byte over a slice of a text file (protocol of shared/models/README.md)");
-    add_common(score);
-    std::string text_path;
-    std::int64_t offset = 0, n_bytes = 131072, window = 512, batch = 8;
-    score->add_option("--text", text_path, "text file")->required()->check(CLI::ExistingFile);
-    score->add_option("--offset", offset, "first byte of the scored slice")->capture_default_str();
-    score->add_option("--bytes", n_bytes, "length of the scored slice")->capture_default_str();
-    score->add_option("--window", window, "window length L")->capture_default_str();
-    score->add_option("--batch", batch, "windows per forward call")->capture_default_str();
-
-    auto* lg = app.add_subcommand("logits", "logits for input_ids [B, T] (int64) -> logits [B, T, V] (f32) safetensors");
-    add_common(lg);
-    std::string in_path, out_path;
-    lg->add_option("--input", in_path, "safetensors file with input_ids")->required()->check(CLI::ExistingFile);
-    lg->add_option("--output", out_path, "safetensors file to write")->required();
-
-    CLI11_PARSE(app, argc, argv);
+    command_line cl;
     try {
-        const fs::path dir = resolve_model(model_dir);
-        if (*info) cmd_info(dir, threads);
-        if (*gen) {
-            if (!prompt_file.empty()) prompt = read_file(prompt_file);
-            if (prompt.empty())
-                throw hymix::config_error(prompt_file.empty() ? "generate: give a non-empty --prompt TEXT or --prompt-file F"
-                                                              : "generate: the prompt file '" + prompt_file + "' is empty");
-            cmd_generate(dir, threads, prompt, max_new, sp);
-        }
-        if (*score) cmd_score(dir, threads, text_path, offset, n_bytes, window, batch);
-        if (*lg) cmd_logits(dir, threads, in_path, out_path);
-    } catch (const hymix::error& e) {
-        fmt::print(stderr, "hymix: error: {}\n", e.what());
-        return 2;
-    } catch (const std::bad_alloc&) {
-        fmt::print(stderr, "hymix: error: out of memory (the model, batch or window is too large for this machine)\n");
-        return 3;
-    } catch (const std::exception& e) {
-        fmt::print(stderr, "hymix: error: {}\n", e.what());
-        return 3;
+        cl.app.parse(argc, argv);
+    } catch (const CLI::Success& e) {  // --help, --version
+        return cl.app.exit(e);
+    } catch (const CLI::ParseError& e) {
+        const auto* c = cl.chosen();
+        return fail(tool::exit_usage, fmt::format("{} (see hymix {}--help)", e.what(), c ? c->get_name() + " " : ""));
     }
-    return 0;
+    auto* cmd = cl.chosen();
+    const auto& stray = cl.app.remaining();
+    if (!cmd)
+        return fail(tool::exit_usage,
+                    stray.empty() ? "no command given (commands: info, generate, score, logits; see hymix --help)"
+                                  : "unknown command '" + stray.front() + "' (commands: info, generate, score, logits; see hymix --help)");
+    if (!cmd->remaining().empty() || !stray.empty()) {
+        auto extra = cmd->remaining();
+        extra.insert(extra.end(), stray.begin(), stray.end());
+        return fail(tool::exit_usage, extras_message(extra, cmd->get_name()) + " (see hymix " + cmd->get_name() + " --help)");
+    }
+    cl.settle();
+
+    try {
+        if (cmd == cl.info) return tool::run_info(cl.common);
+        if (cmd == cl.gen) return tool::run_generate(cl.common, cl.generate);
+        if (cmd == cl.score) return tool::run_score(cl.common, cl.scoring);
+        return tool::run_logits(cl.common, cl.logit_files);
+    } catch (const tool::usage_error& e) {
+        return fail(tool::exit_usage, e.what());
+    } catch (const hymix::nonfinite_error& e) {
+        return fail(tool::exit_nonfinite, e.what());
+    } catch (const hymix::error& e) {
+        return fail(tool::exit_bad_input, e.what());
+    } catch (const std::bad_alloc&) {
+        return fail(tool::exit_out_of_memory, "out of memory (the model, batch, window or --ubatch is too large for this machine)");
+    } catch (const std::exception& e) {
+        return fail(tool::exit_internal, std::string(e.what()) + " (an internal error: please report it)");
+    }
 }

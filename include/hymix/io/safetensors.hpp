@@ -246,7 +246,8 @@ inline tensor_info parse_entry(const std::string& name, const nlohmann::json& e,
     if (!off->is_array() || off->size() != 2 || !json_u64((*off)[0], t.begin) || !json_u64((*off)[1], t.end))
         throw format_error(where + ": 'data_offsets' must be two non-negative integers [begin, end], found " +
                            short_dump(*off));
-    const std::string range = "[" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "]";
+    std::string range = "[";  // built by appending: `"[" + std::string&&` trips GCC 12's -Wrestrict false positive
+    range += std::to_string(t.begin) + ", " + std::to_string(t.end) + "]";
     if (t.begin > t.end) throw format_error(where + ": data_offsets " + range + " are reversed (begin > end)");
     if (t.end > data_size)
         throw format_error(where + ": data_offsets " + range + " out of range of the " + std::to_string(data_size) +

@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# The `hymix` tool's own tests on a tiny random checkpoint written by `check tiny` (no shared files needed): exit
+# codes, messages for bad arguments, non-finite weights and results, generation options, short texts, logits.
+#   cli_test.sh TOOL CHECK WORK_DIR GROUP      (GROUP: args nonfinite generate score logits)
+set -uo pipefail
+export LC_ALL=C  # strings are bytes
+tool=$1 check=$2 work=$3 group=$4
+rm -rf "$work"
+mkdir -p "$work"
+unset HYMIX_MODEL
+failures=0
+tiny=$work/tiny
+"$check" tiny "$tiny" || { echo "FAIL: could not write the tiny checkpoint"; exit 1; }
+
+# run ARGS...: the tool's stdout, stderr and both (in order) land in $work/{out,err,all}; status in $rc.
+run() {
+    "$tool" "$@" >"$work/out" 2>"$work/err"
+    rc=$?
+    "$tool" "$@" >"$work/all" 2>&1
+}
+# expect CODE REGEX ARGS...: exit status CODE and REGEX found in the combined output.
+expect() {
+    local code=$1 pattern=$2
+    shift 2
+    run "$@"
+    if [ "$rc" != "$code" ] || ! grep -aqE -- "$pattern" "$work/all"; then
+        echo "FAIL: hymix $* -> exit $rc (expected $code; output should match: $pattern)"
+        sed 's/^/    /' "$work/all" | head -c 3000
+        failures=$((failures + 1))
+    else
+        echo "ok:   hymix $* -> $code"
+    fi
+}
+# absent REGEX: the last output does not match REGEX.
+absent() {
+    if grep -aqE -- "$1" "$work/all"; then
+        echo "FAIL: the output of the last command matches '$1'"
+        failures=$((failures + 1))
+    fi
+}
+# same FILE1 FILE2 WHAT
+same() {
+    if cmp -s "$1" "$2"; then echo "ok:   $3"; else echo "FAIL: $3 ($1 and $2 differ)"; failures=$((failures + 1)); fi
+}
+
+case $group in
+args)
+    expect 1 "no command given" 
+    expect 1 "unknown command 'foo'" foo
+    expect 0 "^hymix [0-9]+\.[0-9]+\.[0-9]+ \(SIMD" --version
+    expect 0 "Exit status" --help
+    for code in 0 1 2 3 4 5; do grep -q "^  $code  " "$work/out" || { echo "FAIL: --help does not list exit status $code"; failures=$((failures + 1)); }; done
+    expect 0 "temperature.*=0\.8" generate --help
+    for d in "=128" "=512" "random, printed" "max_position_embeddings" "=1 " "=64" "=0 "; do
+        grep -q -- "$d" "$work/out" || { echo "FAIL: generate --help does not show the default '$d'"; failures=$((failures + 1)); }
+    done
+    expect 0 "to the end of the text" score --help
+    expect 0 "Exit status" info --help
+    expect 1 "--threads: 'abc' is not a whole number \(expected 0 to [0-9]+" info -m "$tiny" --threads abc
+    expect 1 "--threads: '-1' is out of range \(expected 0 to [0-9]+" info -m "$tiny" --threads -1
+    expect 1 "--threads: '1000' is out of range" info -m "$tiny" --threads 1000
+    absent "TBB"
+    expect 1 "--threads: '9{37}\.\.\.' is out of range" info -m "$tiny" --threads "$(printf '9%.0s' {1..300})"
+    absent "[0-9]{40}"
+    expect 1 "--threads: '2\.5' is not a whole number" info -m "$tiny" --threads 2.5
+    expect 2 "is a file, not a directory.*--model '.*tiny'" info --model "$tiny/config.json"
+    expect 2 "model directory '/nonexistent/model' does not exist" info --model /nonexistent/model
+    expect 1 "unexpected arguments: a b --foo c \(--foo is not an option of 'info'\)" info -m "$tiny" a b --foo c
+    expect 1 "no model given" info
+    expect 0 "qwen3_5_text" info -m "$tiny"
+    grep -q "^system: [0-9]+ of [0-9]+ threads | SIMD " "$work/err" 2>/dev/null || grep -qE "^system: [0-9]+ of [0-9]+ threads \| SIMD " "$work/err" ||
+        { echo "FAIL: info does not print the system line"; failures=$((failures + 1)); }
+    grep -qE "^load: .* in [0-9.]+ s" "$work/err" || { echo "FAIL: info does not print the load time"; failures=$((failures + 1)); }
+    HYMIX_MODEL=$tiny expect 0 "GA" info
+    expect 1 "--text is required" score -m "$tiny"
+    expect 1 "--top-p: '0' is out of range" generate -m "$tiny" -p x --top-p 0
+    expect 1 "--n-predict: '-2' is out of range \(expected -1 to" generate -m "$tiny" -p x -n -2
+    expect 1 "--temperature: 'hot' is not a number" generate -m "$tiny" -p x --temperature hot
+    expect 1 "--seed: '-5' is not a seed" generate -m "$tiny" -p x --seed -5
+    expect 1 "--stop: stop strings must not be empty" generate -m "$tiny" -p x --stop ""
+    expect 1 "--prompt excludes --file" generate -m "$tiny" -p x -f /dev/null
+    ;;
+nonfinite)
+    "$check" poison "$tiny" "$work/inf" lm_head.weight 3 inf
+    "$check" poison "$tiny" "$work/nan" model.layers.0.mlp.up_proj.weight 5 nan
+    head -c 700 /dev/urandom >"$work/text.bin"
+    expect 3 "tensor 'lm_head.weight' \[256, 32\] in '.*' holds 32 non-finite values, the first \+Inf at \[3, 0\].*--allow-nonfinite" info -m "$work/inf"
+    expect 3 "tensor 'model.layers.0.mlp.up_proj.weight' \[48, 32\] .* the first NaN at \[5, 0\]" info -m "$work/nan"
+    expect 3 "tensor 'lm_head.weight'" score -m "$work/inf" --text "$work/text.bin"
+    expect 0 "warning: tensor 'lm_head.weight'" info -m "$work/inf" --allow-nonfinite
+    expect 3 "score: predicting the byte at offset 1 .*(NaN|Inf)" score -m "$work/inf" --allow-nonfinite --text "$work/text.bin"
+    absent "bits/byte [-+0-9n]"
+    expect 3 "sampling: logits\[3\] = (NaN|\+Inf)" generate -m "$work/inf" --allow-nonfinite -p "hello" -n 8 --temperature 0
+    grep -aqE "^hymix: error: sampling" "$work/all" || { echo "FAIL: generate's error is not on a fresh line"; failures=$((failures + 1)); }
+    ;;
+generate)
+    head -c 200 /dev/urandom | tr -d '\000' | head -c 150 >"$work/p150"
+    expect 0 "stopped: token limit \(-n 20\) after 20 generated tokens" generate -m "$tiny" -p "In the beginning" -n 20 --temperature 0
+    cp "$work/out" "$work/greedy1"
+    expect 0 "prefill: 16 tokens" generate -m "$tiny" -p "In the beginning" -n 20 --temperature 0
+    same "$work/greedy1" "$work/out" "greedy generation is repeatable"
+    [ "$(head -c 16 "$work/out")" = "In the beginning" ] && [ "$(wc -c <"$work/out")" = 37 ] ||
+        { echo "FAIL: generate should print the prompt, 20 bytes and a newline"; failures=$((failures + 1)); }
+    expect 0 "seed: [0-9]+ \(random; pass --seed to repeat this run\)" generate -m "$tiny" -p "abc" -n 30
+    seed=$(grep -aoE "seed: [0-9]+" "$work/err" | cut -d' ' -f2)
+    cp "$work/out" "$work/sampled1"
+    expect 0 "^seed: $seed\$" generate -m "$tiny" -p "abc" -n 30 --seed "$seed"
+    same "$work/sampled1" "$work/out" "a random-seed run is repeated with the printed --seed"
+    expect 0 "seed: 1" generate -m "$tiny" -p "abc" -n 30 --seed 1 --top-k 5 --top-p 0.9 --min-p 0.05 --repeat-penalty 1.3 --repeat-last-n 16
+    expect 0 "prefill: 150 tokens .*chunks of 7" generate -m "$tiny" -f "$work/p150" -n 24 --temperature 0 --ubatch 7
+    cp "$work/out" "$work/chunked"
+    expect 0 "prefill: 150 tokens .*chunks of 512" generate -m "$tiny" -f "$work/p150" -n 24 --temperature 0
+    same "$work/chunked" "$work/out" "prefill in chunks of 7 gives the same greedy text as one chunk"
+    expect 0 "stopped: context limit \(256 tokens, max_position_embeddings of config.json\) after 106 generated tokens" \
+        generate -m "$tiny" -f "$work/p150" -n -1 --temperature 0
+    [ "$(wc -c <"$work/out")" = 257 ] || { echo "FAIL: -n -1 should stop at the context limit (256 bytes + newline)"; failures=$((failures + 1)); }
+    expect 0 "stopped: context limit \(160 tokens, --ctx-size\) after 10 generated tokens" \
+        generate -m "$tiny" -f "$work/p150" -n 50 --temperature 0 -c 160
+    head -c 300 /dev/zero | tr '\0' 'a' >"$work/p300"
+    expect 1 "the prompt has 300 tokens, more than the context limit of 256 \(max_position_embeddings of config.json\).*--ctx-size 0" \
+        generate -m "$tiny" -f "$work/p300" -n 4
+    expect 0 "stopped: token limit \(-n 4\)" generate -m "$tiny" -f "$work/p300" -n 4 -c 0
+    expect 0 "stopped: token limit \(-n 0\) after 0 generated tokens" generate -m "$tiny" -p "only the prompt" -n 0
+    [ "$(cat "$work/out")" = "only the prompt" ] || { echo "FAIL: -n 0 should print the prompt only"; failures=$((failures + 1)); }
+    # A stop string taken from the greedy continuation ends the generation right after its first occurrence.
+    stop=$(tail -c +17 "$work/greedy1" | head -c 5 | tail -c 2)
+    if [ "${#stop}" = 2 ]; then  # (not when it holds a NUL or ends in a newline, which the shell drops)
+        expect 0 "stopped: stop string" generate -m "$tiny" -p "In the beginning" -n 20 --temperature 0 --stop "$stop"
+        want=$(tail -c +17 "$work/greedy1" | head -c 20)
+        want=${want%%"$stop"*}$stop
+        [ "$(tail -c +17 "$work/out")" = "$want" ] || { echo "FAIL: --stop '$stop' should end the text after it"; failures=$((failures + 1)); }
+    else
+        echo "note: no usable 2-byte stop string in the greedy text; --stop is covered by tests/text"
+    fi
+    expect 2 "--file: '$work/missing' does not exist" generate -m "$tiny" -f "$work/missing"
+    : >"$work/empty"
+    expect 2 "the prompt file '.*empty' is empty" generate -m "$tiny" -f "$work/empty"
+    expect 1 "give a non-empty --prompt" generate -m "$tiny"
+    ;;
+score)
+    head -c 1024 /dev/urandom >"$work/t1024"
+    expect 0 "bits/byte [0-9]+\.[0-9]+ ± [0-9]+\.[0-9]+  \(2 windows, 1023 scored bytes" score -m "$tiny" --text "$work/t1024" --bytes 1024 --window 512
+    expect 0 "offset 0  bytes 1024  window 512" score -m "$tiny" --text "$work/t1024"
+    expect 0 "\(1 windows, 512 scored bytes" score -m "$tiny" --text "$work/t1024" --window 512 --full-windows
+    expect 0 "\(3 windows, 1023 scored bytes" score -m "$tiny" --text "$work/t1024" --window 400 --batch 1
+    grep -aqE "^\[3/3 windows\] 1023 bytes: bits/byte [0-9.]+ ± [0-9.]+" "$work/err" ||
+        { echo "FAIL: score does not print the running estimate"; failures=$((failures + 1)); }
+    head -c 100 "$work/t1024" >"$work/t100"
+    expect 0 "\(1 windows, 99 scored bytes" score -m "$tiny" --text "$work/t100"
+    expect 0 "\(1 windows, 9 scored bytes" score -m "$tiny" --text "$work/t100" --offset 50 --bytes 10
+    head -c 1 "$work/t1024" >"$work/t1"
+    expect 1 "nothing to score" score -m "$tiny" --text "$work/t1"
+    expect 1 "--offset 5000 is past the end" score -m "$tiny" --text "$work/t1024" --offset 5000
+    expect 1 "--bytes 1000 from --offset 100 runs past the end" score -m "$tiny" --text "$work/t1024" --offset 100 --bytes 1000
+    expect 1 "--full-windows needs more than --window 512" score -m "$tiny" --text "$work/t100" --full-windows
+    expect 2 "--text: '$work' is a directory" score -m "$tiny" --text "$work"
+    ;;
+logits)
+    "$check" ids "$work/ids.safetensors" 2 5 256
+    expect 0 "wrote logits \[2, 5, 256\]" logits -m "$tiny" --input "$work/ids.safetensors" --output "$work/l.safetensors"
+    "$check" ids "$work/bad.safetensors" 1 4 300
+    expect 2 "input_ids\[0, 3\] = 300 is outside the vocabulary \[0, 256\)" logits -m "$tiny" --input "$work/bad.safetensors" --output "$work/l2.safetensors"
+    [ ! -e "$work/l2.safetensors" ] || { echo "FAIL: a failed logits run left an output file"; failures=$((failures + 1)); }
+    # Finite weights whose logits overflow: row 3 of the LM head is 3e38 (x_i of size > 1.2 make a term overflow).
+    "$check" poison "$tiny" "$work/big" lm_head.weight 3 3e38
+    expect 3 "logits hold (NaN|\+Inf|-Inf) at \[0, 0, 3\]; pass --allow-nonfinite" logits -m "$work/big" --input "$work/ids.safetensors" --output "$work/l3.safetensors"
+    [ ! -e "$work/l3.safetensors" ] || { echo "FAIL: non-finite logits were written"; failures=$((failures + 1)); }
+    expect 0 "warning: the logits hold" logits -m "$work/big" --allow-nonfinite --input "$work/ids.safetensors" --output "$work/l3.safetensors"
+    ;;
+*)
+    echo "unknown group $group"
+    exit 2
+    ;;
+esac
+echo "$failures failure(s)"
+[ "$failures" = 0 ]

@@ -1,0 +1,35 @@
+// Model loading for the `hymix` tool (the one file that instantiates every compiled stack through
+// auto_model::load): refuses non-finite weights unless --allow-nonfinite, then prints load time and the system line.
+#include <oneapi/tbb/info.h>
+#include <oneapi/tbb/version.h>
+
+#include "hymix/models/check_weights.hpp"
+#include "load.hpp"
+
+namespace tool {
+
+loaded_model load_model(const common_options& o) {
+    const auto dir = resolve_model_dir(o.model);
+    const auto t0 = clock_type::now();
+    {
+        const auto ck = hymix::safetensors::open_checkpoint(dir);
+        if (o.allow_nonfinite) {
+            for (const auto& bad : hymix::models::find_nonfinite_weights(ck))
+                console::note("hymix: warning: {} (loaded anyway: --allow-nonfinite)", bad.describe());
+        } else {
+            hymix::models::require_finite_weights(ck, "; pass --allow-nonfinite to load it anyway");
+        }
+    }
+    auto cfg = hymix::io::read_json_file(dir / "config.json");
+    loaded_model m{dir, std::move(cfg), hymix::auto_model::load(dir, o.threads)};
+    const double load_s = seconds_since(t0);
+    const auto& i = m.model.info();
+    const auto& be = m.model.backend();
+    console::note("load: {} ({}, {} parameters, {} layers {}) in {:.2f} s", dir.string(), i.architecture, i.n_params,
+                  i.n_layers, i.schedule, load_s);
+    console::note("system: {} of {} threads | SIMD {} ({} fp32 lanes) | oneTBB {} | hymix {}", be.num_threads(),
+                  tbb::info::default_concurrency(), be.arch_name(), be.simd_width(), TBB_VERSION_STRING, HYMIX_TOOL_VERSION);
+    return m;
+}
+
+}  // namespace tool

@@ -1,0 +1,45 @@
+// Loading a checkpoint for the `hymix` tool: the model directory from --model or $HYMIX_MODEL (with clear
+// messages for a missing path or a file), the non-finite weight check, timing and the system line on stderr.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+
+#include "hymix/io/json.hpp"
+#include "hymix/models/auto_model.hpp"
+#include "tool.hpp"
+
+namespace tool {
+
+using clock_type = std::chrono::steady_clock;
+
+inline double seconds_since(clock_type::time_point t0) {
+    return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+/// Items per second, finite even for a duration too short to measure.
+inline double per_second(std::int64_t n, double seconds) { return static_cast<double>(n) / std::max(seconds, 1e-9); }
+
+struct loaded_model {
+    std::filesystem::path dir;
+    hymix::io::json config;  // config.json (the text model's part for a multimodal-style config)
+    hymix::auto_model model;
+};
+
+/// The checkpoint directory: --model, else $HYMIX_MODEL. Throws usage_error when neither is given, io_error
+/// when the path does not exist or is not a directory.
+std::filesystem::path resolve_model_dir(const std::string& arg);
+
+/// Loads the model (refusing non-finite weights unless allowed) and prints the load and system lines on stderr.
+loaded_model load_model(const common_options& o);
+
+/// An integer setting of config.json (null, absent or not an integer: none).
+std::optional<std::int64_t> config_int(const hymix::io::json& cfg, const char* key);
+
+/// End-of-sequence token ids of config.json's eos_token_id (a number or a list; none when null or absent).
+std::vector<std::int32_t> config_eos(const hymix::io::json& cfg);
+
+}  // namespace tool

@@ -1,0 +1,87 @@
+// Declarations shared by the `hymix` tool's files: exit codes, the options of each command, console output that
+// keeps errors on a fresh line, model loading, and the commands themselves.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "hymix/text/generate.hpp"
+#include "hymix/text/score.hpp"
+
+namespace hymix { class auto_model; }
+
+namespace tool {
+
+/// The tool's exit statuses (README "Exit codes" and the --help footer list the same).
+enum exit_code : int {
+    exit_ok = 0,             // success (also --help, --version)
+    exit_usage = 1,          // the command line is wrong: unknown command or option, bad or missing value
+    exit_bad_input = 2,      // an input cannot be used: model directory, config.json, weights, text or input file
+    exit_nonfinite = 3,      // NaN / Inf in the weights (see --allow-nonfinite) or in a result
+    exit_out_of_memory = 4,  // the model, batch or window does not fit in memory
+    exit_internal = 5,       // any other failure (a bug: please report it)
+};
+
+/// The exit-code table as printed by --help.
+std::string exit_code_help();
+
+/// A command-line mistake found after parsing (exit_usage).
+struct usage_error : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+/// Console output: the generated text goes to stdout, everything else to stderr. Tracks whether either stream
+/// is in the middle of a line, so that notes and errors always start on a fresh line.
+namespace console {
+void text(std::string_view bytes);    // stdout, flushed (streamed generation)
+void status(std::string_view line);   // stderr line redrawn in place on a terminal (progress); not ended
+void clear_status();                  // erases the status line (the cursor stays at its start)
+void end_lines();                     // ends an open stdout or stderr line
+bool stderr_is_terminal();
+template <class... A>
+void note(fmt::format_string<A...> f, A&&... a) {  // one stderr line, starting on a fresh line
+    end_lines();
+    fmt::print(stderr, f, std::forward<A>(a)...);
+    std::fputc('\n', stderr);
+}
+}  // namespace console
+
+struct common_options {
+    std::string model;             // checkpoint directory; empty = $HYMIX_MODEL
+    int threads = 0;               // 0 = every core
+    bool allow_nonfinite = false;  // load weights holding NaN / Inf (with a warning)
+};
+
+struct generate_options {
+    std::string prompt, prompt_file;
+    std::optional<std::uint64_t> seed;       // none = random (printed)
+    std::optional<std::int64_t> ctx_size;    // none = max_position_embeddings of config.json (if any)
+    bool ignore_eos = false;
+    hymix::generation_options gen;
+};
+
+struct score_options {
+    std::string text;
+    std::optional<std::int64_t> offset, bytes;  // none = whole file (the held-out range for the KJV)
+    hymix::score_options score;
+};
+
+struct logits_options {
+    std::string input, output;
+};
+
+int run_info(const common_options&);
+int run_generate(const common_options&, generate_options);
+int run_score(const common_options&, const score_options&);
+int run_logits(const common_options&, const logits_options&);
+
+/// Reads a whole file named by option `what` (io_error naming both when it is missing, a directory or unreadable).
+std::string read_file(const std::string& path, std::string_view what);
+
+}  // namespace tool

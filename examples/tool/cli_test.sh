@@ -68,7 +68,7 @@ args)
     expect 1 "unexpected arguments: a b --foo c \(--foo is not an option of 'info'\)" info -m "$tiny" a b --foo c
     expect 1 "no model given" info
     expect 0 "qwen3_5_text" info -m "$tiny"
-    grep -q "^system: [0-9]+ of [0-9]+ threads | SIMD " "$work/err" 2>/dev/null || grep -qE "^system: [0-9]+ of [0-9]+ threads \| SIMD " "$work/err" ||
+    grep -qE "^system: backend cpu \| [0-9]+ of [0-9]+ threads \| SIMD " "$work/err" ||
         { echo "FAIL: info does not print the system line"; failures=$((failures + 1)); }
     grep -qE "^load: .* in [0-9.]+ s" "$work/err" || { echo "FAIL: info does not print the load time"; failures=$((failures + 1)); }
     HYMIX_MODEL=$tiny expect 0 "GA" info
@@ -158,6 +158,11 @@ score)
 logits)
     "$check" ids "$work/ids.safetensors" 2 5 256
     expect 0 "wrote logits \[2, 5, 256\]" logits -m "$tiny" --input "$work/ids.safetensors" --output "$work/l.safetensors"
+    # The same logits on the fp64 reference backend (--backend ref) agree with the CPU backend's.
+    expect 0 "system: backend ref" logits -m "$tiny" --backend ref --input "$work/ids.safetensors" --output "$work/lref.safetensors"
+    if "$check" logits "$work/lref.safetensors" "$work/l.safetensors" 1e-5 >"$work/cmp" 2>&1; then echo "ok:   cpu and ref backends agree"; else
+        echo "FAIL: cpu and ref backends disagree: $(cat "$work/cmp")"; failures=$((failures + 1)); fi
+    expect 1 "--backend: .*gpu" logits -m "$tiny" --backend gpu --input "$work/ids.safetensors" --output "$work/lx.safetensors"
     "$check" ids "$work/bad.safetensors" 1 4 300
     expect 2 "input_ids\[0, 3\] = 300 is outside the vocabulary \[0, 256\)" logits -m "$tiny" --input "$work/bad.safetensors" --output "$work/l2.safetensors"
     [ ! -e "$work/l2.safetensors" ] || { echo "FAIL: a failed logits run left an output file"; failures=$((failures + 1)); }

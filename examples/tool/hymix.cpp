@@ -100,6 +100,10 @@ struct command_line {
         c->add_option("--threads,-t", common.threads, fmt::format("worker threads, 0 to {} (0 = all cores)", cores))
             ->check(whole(0, cores, fmt::format("0 = all {} cores", cores)))
             ->default_str(fmt::format("0 (all {} cores)", cores));
+        c->add_option("--backend", common.backend,
+                      "cpu (oneTBB threads, SIMD kernels) or ref (the fp64 reference backend every backend is tested against; slow)")
+            ->check(CLI::IsMember({"cpu", "ref"}))
+            ->capture_default_str();
         c->add_flag("--allow-nonfinite", common.allow_nonfinite,
                     "load weights holding NaN / Inf (each such tensor is named in a warning); logits writes non-finite "
                     "results");

@@ -1,5 +1,5 @@
 // Model loading for the `hymix` tool (the one file that instantiates every compiled stack through
-// auto_model::load): refuses non-finite weights unless --allow-nonfinite, then prints load time and the system line.
+// auto_model::load, for the CPU and the reference backend): refuses non-finite weights unless --allow-nonfinite, then prints load time and the system line.
 #include <oneapi/tbb/info.h>
 #include <oneapi/tbb/version.h>
 
@@ -8,7 +8,9 @@
 
 namespace tool {
 
-loaded_model load_model(const common_options& o) {
+namespace {
+template <class Model>
+basic_loaded_model<Model> load_on(const common_options& o) {
     const auto dir = resolve_model_dir(o.model);
     const auto t0 = clock_type::now();
     {
@@ -21,15 +23,21 @@ loaded_model load_model(const common_options& o) {
         }
     }
     auto cfg = hymix::io::read_json_file(dir / "config.json");
-    loaded_model m{dir, std::move(cfg), hymix::auto_model::load(dir, o.threads)};
+    basic_loaded_model<Model> m{dir, std::move(cfg), Model::load(dir, o.threads)};
     const double load_s = seconds_since(t0);
     const auto& i = m.model.info();
     const auto& be = m.model.backend();
     console::note("load: {} ({}, {} parameters, {} layers {}) in {:.2f} s", dir.string(), i.architecture, i.n_params,
                   i.n_layers, i.schedule, load_s);
-    console::note("system: {} of {} threads | SIMD {} ({} fp32 lanes) | oneTBB {} | hymix {}", be.num_threads(),
+    console::note("system: backend {} | {} of {} threads | SIMD {} ({} fp32 lanes) | oneTBB {} | hymix {}", be.name, be.num_threads(),
                   tbb::info::default_concurrency(), be.arch_name(), be.simd_width(), TBB_VERSION_STRING, HYMIX_TOOL_VERSION);
     return m;
+}
+}  // namespace
+
+basic_loaded_model<hymix::auto_model> load_cpu_model(const common_options& o) { return load_on<hymix::auto_model>(o); }
+basic_loaded_model<hymix::reference_auto_model> load_reference_model(const common_options& o) {
+    return load_on<hymix::reference_auto_model>(o);
 }
 
 }  // namespace tool

@@ -23,18 +23,33 @@ inline double seconds_since(clock_type::time_point t0) {
 /// Items per second, finite even for a duration too short to measure.
 inline double per_second(std::int64_t n, double seconds) { return static_cast<double>(n) / std::max(seconds, 1e-9); }
 
-struct loaded_model {
+/// A loaded checkpoint on backend Model::backend_type (hymix::auto_model: CPU; hymix::reference_auto_model: fp64).
+template <class Model>
+struct basic_loaded_model {
     std::filesystem::path dir;
     hymix::io::json config;  // config.json (the text model's part for a multimodal-style config)
-    hymix::auto_model model;
+    Model model;
 };
 
 /// The checkpoint directory: --model, else $HYMIX_MODEL. Throws usage_error when neither is given, io_error
 /// when the path does not exist or is not a directory.
 std::filesystem::path resolve_model_dir(const std::string& arg);
 
-/// Loads the model (refusing non-finite weights unless allowed) and prints the load and system lines on stderr.
-loaded_model load_model(const common_options& o);
+/// Loads the model (refusing non-finite weights unless allowed) on the CPU or the reference backend and prints the
+/// load and system lines on stderr.
+basic_loaded_model<hymix::auto_model> load_cpu_model(const common_options& o);
+basic_loaded_model<hymix::reference_auto_model> load_reference_model(const common_options& o);
+
+/// Loads the model on the backend --backend names and returns f(model).
+template <class F>
+int with_model(const common_options& o, F&& f) {
+    if (o.backend == "ref") {
+        auto m = load_reference_model(o);
+        return f(m);
+    }
+    auto m = load_cpu_model(o);
+    return f(m);
+}
 
 /// An integer setting of config.json (null, absent or not an integer: none).
 std::optional<std::int64_t> config_int(const hymix::io::json& cfg, const char* key);

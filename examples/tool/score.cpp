@@ -47,31 +47,32 @@ int run_score(const common_options& c, const score_options& o) {
     if (o.score.full_windows_only && o.score.window >= n)
         throw usage_error(fmt::format("--full-windows needs more than --window {} bytes; the range has {}", o.score.window, n));
 
-    const auto m = load_model(c);
-    const bool tty = console::stderr_is_terminal();
-    std::int64_t reported_tenths = 0;
-    auto progress = [&](const hymix::score_progress& p) {
-        const auto line = fmt::format("[{}/{} windows] {} bytes: bits/byte {:.4f} ± {:.4f}", p.windows_done, p.windows_total,
-                                      p.scored_bytes, p.bits_per_byte, p.std_error);
-        if (tty) {
-            console::status(line);
-        } else if (p.windows_done * 10 / p.windows_total > reported_tenths || p.windows_done == p.windows_total) {
-            reported_tenths = p.windows_done * 10 / p.windows_total;  // about ten lines in a log
-            console::note("{}", line);
-        }
-    };
-    const auto r = hymix::score_bits_per_byte(
-        m.model, std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(text.data()), text.size()), offset, n,
-        o.score, progress);
-    console::end_lines();
-    fmt::print("model {}  text {}  offset {}  bytes {}  window {}{}\n", m.dir.filename().string(),
-               std::filesystem::path(o.text).filename().string(), offset, n, o.score.window,
-               o.score.full_windows_only ? "  (whole windows only)" : "");
-    fmt::print("bits/byte {:.6f} ± {:.6f}  ({} windows, {} scored bytes, {:.1f} s, {:.0f} tokens/s)\n", r.bits_per_byte,
-               r.std_error, r.windows, r.scored_bytes, r.seconds, per_second(r.scored_bytes, r.seconds));
-    std::fflush(stdout);
-    console::note("total: {:.2f} s", seconds_since(t_start));
-    return exit_ok;
+    return with_model(c, [&](auto& m) -> int {
+        const bool tty = console::stderr_is_terminal();
+        std::int64_t reported_tenths = 0;
+        auto progress = [&](const hymix::score_progress& p) {
+            const auto line = fmt::format("[{}/{} windows] {} bytes: bits/byte {:.4f} ± {:.4f}", p.windows_done, p.windows_total,
+                                          p.scored_bytes, p.bits_per_byte, p.std_error);
+            if (tty) {
+                console::status(line);
+            } else if (p.windows_done * 10 / p.windows_total > reported_tenths || p.windows_done == p.windows_total) {
+                reported_tenths = p.windows_done * 10 / p.windows_total;  // about ten lines in a log
+                console::note("{}", line);
+            }
+        };
+        const auto r = hymix::score_bits_per_byte(
+            m.model, std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(text.data()), text.size()), offset, n,
+            o.score, progress);
+        console::end_lines();
+        fmt::print("model {}  text {}  offset {}  bytes {}  window {}{}\n", m.dir.filename().string(),
+                   std::filesystem::path(o.text).filename().string(), offset, n, o.score.window,
+                   o.score.full_windows_only ? "  (whole windows only)" : "");
+        fmt::print("bits/byte {:.6f} ± {:.6f}  ({} windows, {} scored bytes, {:.1f} s, {:.0f} tokens/s)\n", r.bits_per_byte,
+                   r.std_error, r.windows, r.scored_bytes, r.seconds, per_second(r.scored_bytes, r.seconds));
+        std::fflush(stdout);
+        console::note("total: {:.2f} s", seconds_since(t_start));
+        return exit_ok;
+    });
 }
 
 }  // namespace tool

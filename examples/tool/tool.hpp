@@ -14,8 +14,6 @@
 #include "hymix/text/generate.hpp"
 #include "hymix/text/score.hpp"
 
-namespace hymix { class auto_model; }
-
 namespace tool {
 
 /// The tool's exit statuses (README "Exit codes" and the --help footer list the same).
@@ -55,6 +53,7 @@ void note(fmt::format_string<A...> f, A&&... a) {  // one stderr line, starting 
 struct common_options {
     std::string model;             // checkpoint directory; empty = $HYMIX_MODEL
     int threads = 0;               // 0 = every core
+    std::string backend = "cpu";   // cpu | ref (the fp64 reference backend: exact, slow)
     bool allow_nonfinite = false;  // load weights holding NaN / Inf (with a warning)
 };
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <new>
@@ -23,7 +24,9 @@ public:
     explicit reference_backend(int /*threads*/ = 1) {}
 
     int num_threads() const noexcept { return 1; }
-    static const char* arch_name() noexcept { return "fp64 reference"; }
+    static const char* arch_name() noexcept { return "none (fp64 reference loops)"; }
+    /// fp32 lanes per SIMD operation: the reference uses none, so 1.
+    static constexpr std::size_t simd_width() noexcept { return 1; }
     /// Calls f(0, n) on the calling thread.
     template <class F>
     void parallel_for(std::int64_t n, std::int64_t /*grain*/, F&& f) const {

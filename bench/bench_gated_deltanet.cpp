@@ -3,11 +3,14 @@
 // (d 768, 6 key heads × 128, 12 value heads × 128). FLOPs and bytes are counted per call, reported against peak.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
 
 #include "hymix/backend/cpu.hpp"
+#include "hymix/kernels/gated_delta.hpp"
 #include "hymix/mixer/gated_deltanet.hpp"
 #include "peak.hpp"
 
@@ -93,6 +96,63 @@ void BM_gdn_decode(benchmark::State& st) {
     hymix::bench::report(st, static_cast<double>(B), static_cast<double>(B) * (proj_flops(c) + core), bytes, be.num_threads());
 }
 
+/// The gated delta rule core alone (130M-class heads: 6 key heads, 12 value heads, d_k = d_v = 128, chunk 64), one
+/// sequence of T tokens; FLOPs counted as in BM_gdn_prefill's core term.
+void BM_gdn_chunked_core(benchmark::State& st) {
+    const auto c = layer_config(1);
+    const std::int64_t T = st.range(0), Hk = c.n_k_heads, Hv = c.n_v_heads, dk = c.d_k, dv = c.d_v;
+    hymix::cpu_backend be(2);
+    auto q = hymix::bench::random_vec(static_cast<std::size_t>(T * Hk * dk), 6), k = hymix::bench::random_vec(q.size(), 7);
+    for (auto* x : {&q, &k})  // L2-normalised rows, as the layer feeds them
+        for (std::size_t r = 0; r < x->size(); r += static_cast<std::size_t>(dk)) {
+            float ss = 0.f;
+            for (std::int64_t a = 0; a < dk; ++a) ss += (*x)[r + a] * (*x)[r + a];
+            for (std::int64_t a = 0; a < dk; ++a) (*x)[r + a] /= std::sqrt(ss);
+        }
+    const auto v = hymix::bench::random_vec(static_cast<std::size_t>(T * Hv * dv), 8);
+    auto g = hymix::bench::random_vec(static_cast<std::size_t>(T * Hv), 9), beta = g;
+    for (auto& x : g) x = -0.05f * (1.5f + x);
+    for (auto& x : beta) x = 0.5f + 0.5f * x;
+    std::vector<float> s(static_cast<std::size_t>(Hv * dk * dv)), o(v.size());
+    const auto batch = hymix::seq_batch::dense(1, T);
+    for (auto _ : st) {
+        std::fill(s.begin(), s.end(), 0.f);
+        hymix::kernels::gated_delta_rule_chunked(
+            be, batch, hymix::tensor_view<const float, 3>(q.data(), {T, Hk, dk}), hymix::tensor_view<const float, 3>(k.data(), {T, Hk, dk}),
+            hymix::tensor_view<const float, 3>(v.data(), {T, Hv, dv}), hymix::tensor_view<const float, 2>(g.data(), {T, Hv}),
+            hymix::tensor_view<const float, 2>(beta.data(), {T, Hv}), 1.f / std::sqrt(float(dk)),
+            hymix::tensor_view<float, 4>(s.data(), {1, Hv, dk, dv}), hymix::tensor_view<float, 3>(o.data(), {T, Hv, dv}), c.chunk_size);
+        benchmark::DoNotOptimize(o.data());
+    }
+    const double C = static_cast<double>(c.chunk_size), dkd = static_cast<double>(dk), dvd = static_cast<double>(dv);
+    const double f = static_cast<double>(T * Hv) * (6.0 * dkd * dvd + C * (4.0 * dkd + 3.0 * dvd));
+    hymix::bench::report(st, static_cast<double>(T), f, 4.0 * static_cast<double>(q.size() + k.size() + 2 * v.size()), be.num_threads());
+}
+
+/// The gated delta rule decode step alone (same heads), B sequences of one token: 6 d_k·d_v FLOPs per value head.
+void BM_gdn_step_core(benchmark::State& st) {
+    const auto c = layer_config(1);
+    const std::int64_t B = st.range(0), Hk = c.n_k_heads, Hv = c.n_v_heads, dk = c.d_k, dv = c.d_v;
+    hymix::cpu_backend be(2);
+    const auto q = hymix::bench::random_vec(static_cast<std::size_t>(B * Hk * dk), 10), k = hymix::bench::random_vec(q.size(), 11),
+               v = hymix::bench::random_vec(static_cast<std::size_t>(B * Hv * dv), 12);
+    std::vector<float> g(static_cast<std::size_t>(B * Hv), -0.05f), beta(g.size(), 0.5f), o(v.size());
+    std::vector<float> s(static_cast<std::size_t>(B * Hv * dk * dv));
+    std::vector<std::int64_t> slots(static_cast<std::size_t>(B));
+    for (std::int64_t i = 0; i < B; ++i) slots[static_cast<std::size_t>(i)] = i;
+    const auto batch = hymix::seq_batch::decode(slots);
+    for (auto _ : st) {
+        hymix::kernels::gated_delta_rule_step(
+            be, batch, hymix::tensor_view<const float, 3>(q.data(), {B, Hk, dk}), hymix::tensor_view<const float, 3>(k.data(), {B, Hk, dk}),
+            hymix::tensor_view<const float, 3>(v.data(), {B, Hv, dv}), hymix::tensor_view<const float, 2>(g.data(), {B, Hv}),
+            hymix::tensor_view<const float, 2>(beta.data(), {B, Hv}), 0.08f, hymix::tensor_view<float, 4>(s.data(), {B, Hv, dk, dv}),
+            hymix::tensor_view<float, 3>(o.data(), {B, Hv, dv}));
+        benchmark::DoNotOptimize(o.data());
+    }
+    hymix::bench::report(st, static_cast<double>(B), static_cast<double>(B * Hv) * 6.0 * static_cast<double>(dk * dv),
+                         8.0 * static_cast<double>(s.size()), be.num_threads());
+}
+
 }  // namespace
 
 BENCHMARK(BM_gdn_prefill)
@@ -101,3 +161,5 @@ BENCHMARK(BM_gdn_prefill)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_gdn_decode)->ArgNames({"layer", "B"})->ArgsProduct({{0, 1}, {1, 8}})->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_gdn_chunked_core)->ArgName("T")->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_gdn_step_core)->ArgName("B")->Arg(1)->Arg(8)->Unit(benchmark::kMicrosecond)->UseRealTime();

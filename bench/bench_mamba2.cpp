@@ -119,6 +119,32 @@ void BM_ssd_chunked_core(benchmark::State& st) {
     hymix::bench::report(st, double(T), f, 4.0 * double(x.size() + bc.size() + y.size()), be.num_threads());
 }
 
+/// The SSD decode step alone (130M-class head layout, B sequences of one token each), FLOPs and bytes of the state
+/// update and read-out.
+void BM_ssd_step_core(benchmark::State& st) {
+    const auto cfg = layer_config(768);
+    const std::int64_t B = st.range(0), H = cfg.n_heads, P = cfg.head_dim, N = cfg.d_state, G = cfg.n_groups;
+    const hymix::cpu_backend be(2);
+    const auto x = hymix::bench::random_vec(std::size_t(B * H * P), 4), bc = hymix::bench::random_vec(std::size_t(2 * B * G * N), 5);
+    std::vector<float> dt(std::size_t(B * H), 0.02f), A(std::size_t(H), -1.f), D(std::size_t(H), 1.f), y(x.size()),
+        s(std::size_t(B * H * P * N));
+    hymix::kernels::ssd_inputs<float> in;
+    in.x = hymix::tensor_view<const float, 3>(x.data(), {B, H, P});
+    in.dt = hymix::tensor_view<const float, 2>(dt.data(), {B, H});
+    in.A = A.data();
+    in.B = hymix::tensor_view<const float, 3>(bc.data(), {B, G, N}, {2 * G * N, N, 1});
+    in.C = hymix::tensor_view<const float, 3>(bc.data() + G * N, {B, G, N}, {2 * G * N, N, 1});
+    in.D = D.data();
+    std::vector<hymix::kernels::ssd_sequence<float>> seqs;
+    for (std::int64_t b = 0; b < B; ++b) seqs.push_back({b, 1, s.data() + b * H * P * N});
+    for (auto _ : st) {
+        hymix::kernels::ssd_step(be, in, std::span<const hymix::kernels::ssd_sequence<float>>(seqs),
+                                 hymix::tensor_view<float, 3>(y.data(), {B, H, P}));
+        benchmark::DoNotOptimize(y.data());
+    }
+    hymix::bench::report(st, double(B), double(B) * 4.0 * double(H * P * N), 8.0 * double(s.size()), be.num_threads());
+}
+
 /// Calibration in the same run: the in_proj GEMM alone (2048 × 768 → 3352) through kernels::linear, i.e. what
 /// the projections can reach on the machine as loaded right now.
 void BM_linear_in_proj_calibration(benchmark::State& st) {
@@ -143,4 +169,5 @@ BENCHMARK(BM_mamba2_prefill)
     ->UseRealTime();
 BENCHMARK(BM_mamba2_decode)->ArgNames({"d", "B"})->ArgsProduct({{256, 768}, {1, 8}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_ssd_chunked_core)->ArgName("T")->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ssd_step_core)->ArgName("B")->Arg(1)->Arg(8)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_linear_in_proj_calibration)->ArgName("M")->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -498,3 +498,90 @@ TEST_CASE("log-decay and beta helpers (invariant 11)") {
     CHECK(kernels::gdn_beta(0.f, true) == doctest::Approx(1.0));
     CHECK(kernels::gdn_beta(100.f, true) == doctest::Approx(2.0));
 }
+
+TEST_CASE("every view argument's stride assumption is checked, naming the argument (issue 11)") {
+    cpu_backend be(1);
+    const std::int64_t n = 4, Hk = 2, Hv = 4, d = 8;
+    inputs in(n, Hk, Hv, d, d, 1950);
+    std::vector<float> st(in.state_size(1), 0.f), o(in.out_size()), wide(std::size_t(4 * n * Hv * d * d));
+    const tensor_view<const float, 3> q(in.q.data(), {n, Hk, d}), k(in.k.data(), {n, Hk, d}), v(in.v.data(), {n, Hv, d});
+    const tensor_view<const float, 2> g(in.g.data(), {n, Hv}), b(in.beta.data(), {n, Hv});
+    const tensor_view<float, 4> s(st.data(), {1, Hv, d, d});
+    const tensor_view<float, 3> ov(o.data(), {n, Hv, d});
+    const tensor_view<const float, 3> q_bad(wide.data(), {n, Hk, d}, {2 * Hk * d, 2 * d, 2}), v_bad(wide.data(), {n, Hv, d}, {2 * Hv * d, 2 * d, 2});
+    const tensor_view<float, 3> o_bad(wide.data(), {n, Hv, d}, {2 * Hv * d, 2 * d, 2});
+    const tensor_view<float, 4> s_bad(wide.data(), {1, Hv, d, d}, {Hv * d * d, d * d, 1, d});  // each matrix transposed
+    using doctest::Contains;
+    auto all = [&](auto&& call, const char* name) {
+        CAPTURE(name);
+        CHECK_THROWS_WITH_AS(call(0), Contains(name), shape_error);
+        CHECK_THROWS_WITH_AS(call(1), Contains(name), shape_error);
+    };
+    const auto batch = seq_batch::dense(1, n);
+    std::vector<std::int64_t> slot0{0};
+    seq_batch dec = seq_batch::decode(slot0);
+    auto run_with = [&](tensor_view<const float, 3> qq, tensor_view<const float, 3> kk, tensor_view<const float, 3> vv, tensor_view<float, 4> ss,
+                        tensor_view<float, 3> oo) {
+        return [=, &be](int which) {
+            if (which == 0) kernels::gated_delta_rule_chunked(be, batch, qq, kk, vv, g, b, 0.3f, ss, oo);
+            else
+                kernels::gated_delta_rule_step(be, dec, qq.slice(0, 1), kk.slice(0, 1), vv.slice(0, 1), g.slice(0, 1), b.slice(0, 1), 0.3f,
+                                               ss, oo.slice(0, 1));
+        };
+    };
+    all(run_with(q_bad, k, v, s, ov), "q [n_rows, H_k, d_k] needs a unit stride");
+    all(run_with(q, q_bad, v, s, ov), "k [n_rows, H_k, d_k] needs a unit stride");
+    all(run_with(q, k, v_bad, s, ov), "v [n_rows, H_v, d_v] needs a unit stride");
+    all(run_with(q, k, v, s, o_bad), "o [n_rows, H_v, d_v] needs a unit stride");
+    all(run_with(q, k, v, s_bad, ov), "state [S, H_v, d_k, d_v] matrix");
+    // g and β are read element by element: a transposed g is fine.
+    std::vector<float> gT(in.g.size());
+    for (std::int64_t t = 0; t < n; ++t)
+        for (std::int64_t h = 0; h < Hv; ++h) gT[std::size_t(h * n + t)] = in.g[std::size_t(t * Hv + h)];
+    std::vector<float> o2(o.size()), st2(st.size(), 0.f);
+    kernels::gated_delta_rule_chunked(be, batch, q, k, v, tensor_view<const float, 2>(gT.data(), {n, Hv}, {1, n}), b, 0.3f, s, ov);
+    kernels::gated_delta_rule_chunked(be, batch, q, k, v, g, b, 0.3f, tensor_view<float, 4>(st2.data(), {1, Hv, d, d}),
+                                      tensor_view<float, 3>(o2.data(), {n, Hv, d}));
+    CHECK(o == o2);
+    CHECK(st == st2);
+}
+
+TEST_CASE("a positive log-decay is a value_error in release builds; padding, invalid entries and NaN pass (issue 11)") {
+    cpu_backend be(1);
+    const std::int64_t n = 12, Hk = 1, Hv = 2, d = 4;
+    using doctest::Contains;
+    const std::vector<std::int64_t> cu{0, 5, 9}, slots{0, 1};
+    seq_batch batch = seq_batch::packed(cu, slots);
+    batch.n_rows = n;  // rows 9..11 are padding
+    for (path p : {path::chunked, path::ref}) {
+        CAPTURE(int(p));
+        inputs in(n, Hk, Hv, d, d, 1960);
+        in.g[std::size_t(6 * Hv + 1)] = 1e-3f;  // row 6 (sequence 1), head 1
+        std::vector<float> st(in.state_size(2), 0.f);
+        CHECK_THROWS_WITH_AS(run(p, in, batch, st, 2, 4), Contains("g[6, 1]"), value_error);
+        // The same value on a padding row, or in a sequence whose slot is −1, is not read.
+        inputs ok(n, Hk, Hv, d, d, 1960);
+        ok.g[std::size_t(10 * Hv + 1)] = 2.f;
+        ok.g[std::size_t(6 * Hv + 1)] = 2.f;
+        const std::vector<std::int64_t> skip{0, -1};
+        seq_batch b2 = seq_batch::packed(cu, skip);
+        b2.n_rows = n;
+        CHECK_NOTHROW(run(p, ok, b2, st, 2, 4));
+    }
+    // Step: the row of each sequence.
+    inputs one(2, Hk, Hv, d, d, 1961);
+    one.g[3] = 0.5f;  // row 1, head 1
+    const std::vector<std::int64_t> dslots{1, 0};
+    std::vector<float> st(one.state_size(2), 0.f);
+    CHECK_THROWS_WITH_AS(run(path::step, one, seq_batch::decode(dslots), st, 2), Contains("g[1, 1]"), value_error);
+    // A NaN log-decay is let through and stays in its own sequence: the other sequence equals its solo run.
+    inputs nan(n, Hk, Hv, d, d, 1962);
+    nan.g[std::size_t(2 * Hv)] = std::nanf("");  // sequence 0
+    std::vector<float> s2(nan.state_size(2), 0.f);
+    const auto o = run(path::chunked, nan, batch, s2, 2, 4);
+    CHECK(std::isnan(o[std::size_t(2 * Hv * d)]));
+    std::vector<float> solo(nan.state_size(1), 0.f);
+    const auto o_solo = run(path::chunked, slice(nan, 5, 4), seq_batch::dense(1, 4), solo, 1, 4);
+    CHECK(std::equal(o_solo.begin(), o_solo.end(), o.begin() + 5 * Hv * d));
+    CHECK(std::equal(solo.begin(), solo.end(), s2.begin() + std::int64_t(nan.state_size(1))));
+}

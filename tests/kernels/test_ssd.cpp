@@ -282,3 +282,125 @@ TEST_CASE("ssd: bad arguments throw") {
     CHECK_THROWS_AS(kernels::ssd_chunked(be, bad.inputs(), std::span(&two, 1), 4, tensor_view<float, 3>(y5.data(), {10, 5, 3})),
                     shape_error);
 }
+
+TEST_CASE("ssd: every view argument's stride assumption is checked, naming the argument (issue 11)") {
+    const cpu_backend be(1);
+    const std::int64_t R = 6, H = 2, P = 3, G = 1, N = 4;
+    problem pb(R, H, P, G, N, 5);
+    std::vector<float> y(std::size_t(R * H * P)), s(std::size_t(H * P * N)), wide(std::size_t(4 * R * H * P * N));
+    const kernels::ssd_sequence<float> seq{0, R, s.data()}, one{0, 1, s.data()};
+    const tensor_view<float, 3> yv(y.data(), {R, H, P});
+    using doctest::Contains;
+    // A view whose last dimension is strided (every second element), as a column-major or sliced tensor would be.
+    auto run_all = [&](const kernels::ssd_inputs<float>& in, tensor_view<float, 3> out, const char* name) {
+        CAPTURE(name);
+        CHECK_THROWS_WITH_AS(kernels::ssd_chunked(be, in, std::span(&seq, 1), 4, out), Contains(name), shape_error);
+        CHECK_THROWS_WITH_AS(kernels::ssd_step(be, in, std::span(&one, 1), out), Contains(name), shape_error);
+    };
+    auto in = pb.inputs();
+    in.x = tensor_view<const float, 3>(wide.data(), {R, H, P}, {2 * H * P, 2 * P, 2});
+    run_all(in, yv, "x [R, H, P] needs a unit stride");
+    in = pb.inputs();
+    in.B = tensor_view<const float, 3>(wide.data(), {R, G, N}, {2 * G * N, 2 * N, 2});
+    run_all(in, yv, "B [R, G, N] needs a unit stride");
+    in = pb.inputs();
+    in.C = tensor_view<const float, 3>(wide.data(), {R, G, N}, {2 * G * N, 2 * N, 2});
+    run_all(in, yv, "C [R, G, N] needs a unit stride");
+    run_all(pb.inputs(), tensor_view<float, 3>(wide.data(), {R, H, P}, {2 * H * P, 2 * P, 2}), "y [R, H, P] needs a unit stride");
+    // Any other strides are fine: x and y as slices of wider rows, dt transposed.
+    std::vector<float> xw(std::size_t(R * H * (P + 2))), yw(xw.size()), dtT(std::size_t(H * R));
+    for (std::int64_t t = 0; t < R; ++t)
+        for (std::int64_t h = 0; h < H; ++h) {
+            dtT[std::size_t(h * R + t)] = pb.dt[std::size_t(t * H + h)];
+            for (std::int64_t p = 0; p < P; ++p) xw[std::size_t((t * H + h) * (P + 2) + p)] = pb.x[std::size_t((t * H + h) * P + p)];
+        }
+    in = pb.inputs();
+    in.x = tensor_view<const float, 3>(xw.data(), {R, H, P}, {H * (P + 2), P + 2, 1});
+    in.dt = tensor_view<const float, 2>(dtT.data(), {R, H}, {1, R});
+    std::vector<float> s1(s.size(), 0.f), s2(s.size(), 0.f);
+    const kernels::ssd_sequence<float> q1{0, R, s1.data()}, q2{0, R, s2.data()};
+    kernels::ssd_chunked(be, in, std::span(&q1, 1), 4, tensor_view<float, 3>(yw.data(), {R, H, P}, {H * (P + 2), P + 2, 1}));
+    kernels::ssd_chunked(be, pb.inputs(), std::span(&q2, 1), 4, yv);
+    for (std::int64_t t = 0; t < R; ++t)
+        for (std::int64_t h = 0; h < H; ++h)
+            for (std::int64_t p = 0; p < P; ++p) CHECK(yw[std::size_t((t * H + h) * (P + 2) + p)] == y[std::size_t((t * H + h) * P + p)]);
+    CHECK(s1 == s2);
+}
+
+TEST_CASE("ssd: preconditions on values are checked in release builds (issue 11)") {
+    const cpu_backend be(1);
+    const std::int64_t R = 8, H = 2, P = 3, G = 1, N = 4;
+    using doctest::Contains;
+    std::vector<float> y(std::size_t(R * H * P)), s(std::size_t(H * P * N)), s_other(s.size());
+    const kernels::ssd_sequence<float> seq{0, 5, s.data()}, one{2, 1, s.data()};
+    const tensor_view<float, 3> yv(y.data(), {R, H, P});
+    auto expect_value_error = [&](const problem& pb, const char* what) {
+        CAPTURE(what);
+        CHECK_THROWS_WITH_AS(kernels::ssd_chunked(be, pb.inputs(), std::span(&seq, 1), 4, yv), Contains(what), value_error);
+        CHECK_THROWS_WITH_AS(kernels::ssd_step(be, pb.inputs(), std::span(&one, 1), yv), Contains(what), value_error);
+        reference ref(pb);
+        std::vector<double> yd(y.size()), sd(s.size());
+        CHECK_THROWS_AS(kernels::ssd_ref(ref.in, {0, 5, sd.data()}, tensor_view<double, 3>(yd.data(), {R, H, P})), value_error);
+    };
+    problem neg(R, H, P, G, N, 6);
+    neg.dt[2 * H + 1] = -1e-3f;  // row 2, head 1
+    expect_value_error(neg, "dt[2, 1]");
+    problem inf(R, H, P, G, N, 6);
+    inf.dt[2 * H] = std::numeric_limits<float>::infinity();
+    expect_value_error(inf, "dt[2, 0]");
+    problem posA(R, H, P, G, N, 6);
+    posA.A[1] = 0.25f;
+    expect_value_error(posA, "A[1]");
+    problem nanA(R, H, P, G, N, 6);
+    nanA.A[0] = std::nanf("");
+    expect_value_error(nanA, "A[0]");
+
+    // Rows outside every sequence are not read: a negative Δ there is no error.
+    problem pad(R, H, P, G, N, 6);
+    for (std::int64_t i = 5 * H; i < R * H; ++i) pad.dt[std::size_t(i)] = -5.f;
+    CHECK_NOTHROW(kernels::ssd_chunked(be, pad.inputs(), std::span(&seq, 1), 4, yv));
+
+    // A NaN Δ is let through and stays in its own sequence: the other sequence equals its solo run.
+    problem nan(R, H, P, G, N, 6);
+    nan.dt[1 * H] = std::nanf("");
+    std::fill(s.begin(), s.end(), 0.f);
+    const std::vector<kernels::ssd_sequence<float>> two{{0, 4, s.data()}, {4, 4, s_other.data()}};
+    std::fill(y.begin(), y.end(), 0.f);
+    CHECK_NOTHROW(kernels::ssd_chunked(be, nan.inputs(), std::span<const kernels::ssd_sequence<float>>(two), 4, yv));
+    CHECK(std::isnan(y[std::size_t(1 * H * P)]));
+    std::vector<float> y_solo(y.size(), 0.f), s_solo(s.size(), 0.f);
+    const kernels::ssd_sequence<float> solo{4, 4, s_solo.data()};
+    kernels::ssd_chunked(be, nan.inputs(), std::span(&solo, 1), 4, tensor_view<float, 3>(y_solo.data(), {R, H, P}));
+    CHECK(slice(y, 4 * H * P, 4 * H * P) == slice(y_solo, 4 * H * P, 4 * H * P));
+    CHECK(s_other == s_solo);
+}
+
+TEST_CASE("ssd: sequences of one call may share neither token rows nor a state (issue 11)") {
+    const cpu_backend be(1);
+    const std::int64_t R = 8, H = 2, P = 3, G = 1, N = 4;
+    problem pb(R, H, P, G, N, 9);
+    std::vector<float> y(std::size_t(R * H * P)), s(std::size_t(3 * H * P * N));
+    const tensor_view<float, 3> yv(y.data(), {R, H, P});
+    using doctest::Contains;
+    const std::vector<kernels::ssd_sequence<float>> rows{{0, 4, s.data()}, {3, 4, s.data() + H * P * N}};
+    CHECK_THROWS_WITH_AS(kernels::ssd_chunked(be, pb.inputs(), std::span<const kernels::ssd_sequence<float>>(rows), 4, yv),
+                         Contains("share token rows"), shape_error);
+    const std::vector<kernels::ssd_sequence<float>> state{{0, 4, s.data()}, {4, 4, s.data() + H * P * N - 1}};
+    CHECK_THROWS_WITH_AS(kernels::ssd_chunked(be, pb.inputs(), std::span<const kernels::ssd_sequence<float>>(state), 4, yv),
+                         Contains("share a state"), shape_error);
+    const std::vector<kernels::ssd_sequence<float>> steps{{0, 1, s.data()}, {1, 1, s.data()}};
+    CHECK_THROWS_AS(kernels::ssd_step(be, pb.inputs(), std::span<const kernels::ssd_sequence<float>>(steps), yv), shape_error);
+    // Many sequences (the sorted path): adjacent ones are fine, a repeated state is not.
+    std::vector<float> many_states(std::size_t(R * H * P * N));
+    std::vector<kernels::ssd_sequence<float>> many;
+    for (std::int64_t i = 0; i < 70; ++i) many.push_back({i % R, i < R ? 1 : 0, many_states.data() + (i % R) * H * P * N});
+    CHECK_THROWS_AS(kernels::ssd_step(be, pb.inputs(), std::span<const kernels::ssd_sequence<float>>(many), yv), shape_error);  // states repeat
+    std::vector<kernels::ssd_sequence<float>> many_ok(many.begin(), many.begin() + R);
+    CHECK_NOTHROW(kernels::ssd_step(be, pb.inputs(), std::span<const kernels::ssd_sequence<float>>(many_ok), yv));
+    for (std::int64_t i = R; i < 70; ++i) many[std::size_t(i)] = {i % R, 0, nullptr};
+    CHECK_NOTHROW(kernels::ssd_chunked(be, pb.inputs(), std::span<const kernels::ssd_sequence<float>>(many), 4, yv));
+    many[69].state = many_states.data();
+    many[69].length = 0;
+    CHECK_THROWS_WITH_AS(kernels::ssd_chunked(be, pb.inputs(), std::span<const kernels::ssd_sequence<float>>(many), 4, yv), Contains("share a state"),
+                         shape_error);
+}

@@ -1,13 +1,14 @@
-// The gated delta rule core of Gated DeltaNet (spec.md §4.1, §4.3; arXiv 2412.06464): the token-by-token
-// recurrence in the hymix state form (state [d_k, d_v], decay before the delta update), a chunked WY/UT prefill
-// (chunk 64 by default) and a one-token decode step, over batches of sequences described by a hymix::seq_batch.
+// The gated delta rule core of Gated DeltaNet (spec.md §4.1, §4.3; arXiv 2412.06464): the token-by-token recurrence
+// (state [d_k, d_v], decay before the delta update), the chunked WY/UT prefill as named stages with fp64 twins (the
+// stage split of fla-org/flash-linear-attention ops/gated_delta_rule) and a one-token decode step, over a seq_batch.
 #pragma once
 
 #include <algorithm>
-#include <cassert>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <Eigen/Core>
@@ -18,6 +19,8 @@
 #include "hymix/core/math.hpp"
 #include "hymix/core/seq_batch.hpp"
 #include "hymix/core/tensor.hpp"
+#include "hymix/kernels/chunk_layout.hpp"
+#include "hymix/kernels/view_checks.hpp"
 
 namespace hymix::kernels {
 
@@ -39,11 +42,37 @@ inline T gdn_beta(T b, bool allow_neg_eigval) noexcept {
 
 namespace detail {
 
-/// Shape checks shared by the three kernels. Throws shape_error / config_error naming the tensor.
-template <class TQ, class TS, class TO>
-void check_gated_delta_args(const seq_batch& batch, const TQ& q, const TQ& k, const TQ& v, const auto& g,
-                            const auto& beta, const TS& state, const TO& o, const char* who) {
-    const std::string_view w(who);
+// Argument checks. Every public entry point (whole-call kernels, stages and their fp64 twins) checks, in release
+// builds: shapes and stride assumptions of every view (shape_error naming it), H_v a multiple of H_k (config_error),
+// the batch against the state's slots, and g ≤ 0 on the rows of valid sequences (value_error). Together these cost
+// O(n_rows·H_v + n_seq) compares: 1/(d_k·d_v) of the decode step's own work, so the decode path keeps them too.
+// Skipped on every path, on purpose: that q and k are L2-normalised (as many reads as the decode step's own work, and
+// the kernels are exact for any keys; normalisation only bounds the state, spec.md §8 15), β's range (any β gives a
+// unit-triangular, invertible I + A), the finiteness of q, k, v, β and of the state (a NaN, like a NaN g, propagates to
+// its own sequence's outputs and state only, spec.md §8 16), and aliasing between o and the inputs. The tile functions
+// below are internal and check nothing.
+
+/// g ≤ 0 on rows [r0, r0 + len) of value head columns (value_error naming the row and head). A positive log-decay is a
+/// decay factor > 1, which the model never produces (g = −exp(A_log)·softplus(·), spec.md §4.2) and which would
+/// overflow the chunked form's decay masks. A NaN is let through on purpose: like a NaN in v it stays in its own
+/// sequence's outputs and state (spec.md §8, 16). Cost: one compare per (row, head).
+template <class T>
+void check_log_decay_rows(tensor_view<const T, 2> g, std::int64_t r0, std::int64_t len, std::string_view who) {
+    for (std::int64_t t = r0; t < r0 + len; ++t)
+        for (std::int64_t h = 0; h < g.dim(1); ++h)
+            if (g(t, h) > T(0))
+                throw value_error(std::string(who) + ": g[" + std::to_string(t) + ", " + std::to_string(h) + "] = " + std::to_string(g(t, h)) +
+                                  " is a positive log-decay; g must be <= 0 (decay factor in (0, 1])");
+}
+
+/// Checks shared by the three whole-call kernels: shapes (shape_error / config_error naming the tensor), stride
+/// assumptions (q, k, v and o rows are mapped as matrices: unit stride in the last dimension; each state matrix
+/// [d_k, d_v] is read and written through one pointer: dense; g and β are read element by element: any strides),
+/// the batch against the state's slots, and g ≤ 0 on the rows of valid sequences (padding rows are not read).
+template <class T>
+void check_gated_delta_args(const seq_batch& batch, tensor_view<const T, 3> q, tensor_view<const T, 3> k, tensor_view<const T, 3> v,
+                            tensor_view<const T, 2> g, tensor_view<const T, 2> beta, tensor_view<T, 4> state, tensor_view<T, 3> o,
+                            std::string_view w) {
     const std::int64_t n = batch.n_rows, Hk = q.dim(1), dk = q.dim(2), Hv = v.dim(1), dv = v.dim(2);
     q.require_shape({n, -1, -1}, w, "q [n_rows, H_k, d_k]");
     k.require_shape({n, Hk, dk}, w, "k [n_rows, H_k, d_k]");
@@ -55,12 +84,14 @@ void check_gated_delta_args(const seq_batch& batch, const TQ& q, const TQ& k, co
     if (Hk <= 0 || Hv % Hk != 0)
         throw config_error(std::string(w) + ": value heads (" + std::to_string(Hv) + ") must be a positive multiple of key heads (" +
                            std::to_string(Hk) + ")");
-    if (q.strides[2] != 1 || k.strides[2] != 1 || v.strides[2] != 1 || o.strides[2] != 1)
-        throw shape_error(std::string(w) + ": q, k, v and o need unit inner stride");
-    if (state.strides[3] != 1 || state.strides[2] != dv)
-        throw shape_error(std::string(w) + ": each state matrix [d_k, d_v] must be contiguous, found strides " +
-                          shape_string(state.strides));
+    require_unit_inner_stride(q, w, "q [n_rows, H_k, d_k]");
+    require_unit_inner_stride(k, w, "k [n_rows, H_k, d_k]");
+    require_unit_inner_stride(v, w, "v [n_rows, H_v, d_v]");
+    require_unit_inner_stride(o, w, "o [n_rows, H_v, d_v]");
+    require_dense_matrices(state, w, "state [S, H_v, d_k, d_v]");
     batch.validate(state.dim(0));
+    for (std::int64_t s = 0; s < batch.n_seq(); ++s)
+        if (batch.slots[s] >= 0) check_log_decay_rows(g, batch.starts[s], batch.lengths[s], w);
 }
 
 /// o rows that belong to no valid sequence (padding, slot −1) are set to zero.
@@ -94,7 +125,7 @@ void gated_delta_rule_ref(const seq_batch& batch,
                           T scale,
                           tensor_view<T, 4> state,  // [S, H_v, d_k, d_v] in/out
                           tensor_view<T, 3> o) {    // [n_rows, H_v, d_v]
-    detail::check_gated_delta_args(batch, q, k, v, g, beta, state, o, "gated_delta_rule_ref");
+    detail::check_gated_delta_args<T>(batch, q, k, v, g, beta, state, o, "gated_delta_rule_ref");
     const std::int64_t Hk = q.dim(1), dk = q.dim(2), Hv = v.dim(1), dv = v.dim(2), r = Hv / Hk;
     detail::zero_uncovered_rows(batch, o);
     std::vector<T> u(static_cast<std::size_t>(dv));
@@ -125,6 +156,34 @@ void gated_delta_rule_ref(const seq_batch& batch,
     }
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// The chunked WY/UT form (spec.md §4.3) as named stages over a chunk_layout (every valid sequence cut into chunks of
+// at most C tokens; W = chunks.width() the longest). Each stage has a public fp32 form, parallel over its independent
+// work items through the backend, and an fp64 twin `<stage>_ref` written as plain loops. Per-token tensors keep the
+// row layout of the inputs ([n_rows, H_v, ·]); row i of a chunk holds that chunk's row i of a per-chunk matrix.
+//   gdn_chunk_cumsum       γ = Σ_{m≤i} g_m within each chunk (fp32)                    → gamma [n_rows, H_v]
+//   gdn_wy_prepare         A = strict_lower(diag(β) K Kᵀ ⊙ Γ)                          → A     [n_rows, H_v, W]
+//   gdn_intra_chunk_solve  W = (I + A)⁻¹ diag(β)(K ⊙ e^γ),  U = (I + A)⁻¹ diag(β) V     → W [n_rows, H_v, d_k], U [n_rows, H_v, d_v]
+//   gdn_state_pass         per sequence, chunks in order: S_c = S; V_new = U − W S;
+//                          S ← e^{γ_last} S + (K ⊙ e^{γ_last − γ})ᵀ V_new             → chunk_states [n_chunks, H_v, d_k, d_v],
+//                                                                                          v_new [n_rows, H_v, d_v], final state
+//   gdn_chunk_output       O = (scale·Q ⊙ e^γ) S_c + (scale·tril(Q Kᵀ) ⊙ Γ) V_new       → o     [n_rows, H_v, d_v]
+// Γ_ij = exp(Σ_{m=j+1..i} g_m) (j ≤ i, else 0) is rebuilt from g by the stages that need it, by index from partial
+// sums of g, never from differences of γ. gated_delta_rule_chunked runs the stages' own per-(chunk, head) tile code
+// fused per (sequence, value head), so the running state stays in cache; its results equal the composition of the five
+// public stages (up to the order Eigen sums tiny products in, which follows data alignment). A device backend
+// implements the five stages.
+// ---------------------------------------------------------------------------------------------------------------
+
+/// The chunk layout of a gated delta call: each sequence of `batch` with a valid slot in chunks of at most `chunk`
+/// tokens; sequences with slot −1 get none. Throws config_error when chunk < 1, shape_error on bad ranges.
+inline chunk_layout gdn_chunk_layout(const seq_batch& batch, std::int64_t chunk) {
+    std::vector<std::int64_t> lengths(batch.lengths);
+    for (std::size_t s = 0; s < lengths.size(); ++s)
+        if (batch.slots[s] < 0) lengths[s] = 0;
+    return chunk_layout(batch.n_rows, chunk, batch.starts, lengths);
+}
+
 namespace detail {
 
 /// Decay exponents below this give factors < 1e-26 that are flushed to exactly 0: their contribution is far below
@@ -136,99 +195,174 @@ inline float decay_factor(float x) noexcept { return x < decay_flush_exponent ? 
 
 using row_matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using row_map = Eigen::Map<row_matrix, Eigen::Unaligned, Eigen::OuterStride<>>;
-
 using const_row_map = Eigen::Map<const row_matrix, Eigen::Unaligned, Eigen::OuterStride<>>;
 
-/// Scratch of one (sequence, head) task of the chunked kernel, sized for chunk length C.
-struct gated_delta_scratch {
-    row_matrix kq;    // [2C, d_k]: rows 0..n−1 K ⊙ e^γ, rows n..2n−1 scale · Q ⊙ e^γ (n = rows of the chunk)
-    row_matrix kgs;   // [2C, d_v]: (K ⊙ e^γ) S | scale · (Q ⊙ e^γ) S
-    row_matrix vn;    // [C, d_v]: right-hand side, then V_new
-    row_matrix kd;    // [C, d_k]: K ⊙ exp(γ_last − γ)
-    row_matrix kk;    // [C, 2C]: K Kᵀ | K Qᵀ
-    row_matrix gt;    // [C, C]: gt(j, i) = Γ_ij = exp(γ_i − γ_j) for i ≥ j, else 0 (transposed decay mask)
-    row_matrix at;    // [C, C]: (I + A)ᵀ, unit upper-triangular
-    row_matrix pt;    // [C, C]: (scale · tril(Q Kᵀ) ⊙ Γ)ᵀ
-    std::vector<float> eg, bet;  // [C] exp(γ) (γ the inclusive cumsum of g in the chunk), β
-    gated_delta_scratch(std::int64_t C, std::int64_t dk, std::int64_t dv)
-        : kq(2 * C, dk), kgs(2 * C, dv), vn(C, dv), kd(C, dk), kk(C, 2 * C), gt(C, C), at(C, C), pt(C, C),
-          eg(static_cast<std::size_t>(C)), bet(static_cast<std::size_t>(C)) {}
+/// Rows [t, t + n) of head h of a [n_rows, H, d] view as an n × d matrix (unit inner stride checked by the caller).
+inline const_row_map rows_of(tensor_view<const float, 3> x, std::int64_t t, std::int64_t h, std::int64_t n) {
+    return const_row_map(&x(t, h, 0), n, x.dim(2), Eigen::OuterStride<>(x.strides[0]));
+}
+inline row_map rows_of(tensor_view<float, 3> x, std::int64_t t, std::int64_t h, std::int64_t n) {
+    return row_map(&x(t, h, 0), n, x.dim(2), Eigen::OuterStride<>(x.strides[0]));
+}
+/// The read-only map of the same memory.
+inline const_row_map as_const(const row_map& m) { return const_row_map(m.data(), m.rows(), m.cols(), Eigen::OuterStride<>(m.outerStride())); }
+
+/// Scratch of one task of the fp32 stages, for chunks of up to C rows.
+struct gdn_scratch {
+    std::vector<float> gamma, eg, bet;  // [C] γ, exp(γ) (flushed), β
+    row_matrix gm;                      // [C, C] Γ
+    row_matrix kk;                      // [C, C] K Kᵀ, then Q Kᵀ
+    row_matrix a;                       // [C, C] A
+    row_matrix p;                       // [C, C] scale·tril(Q Kᵀ) ⊙ Γ
+    row_matrix w, kd;                   // [C, d_k] W; decayed keys / scaled decayed queries
+    row_matrix u, vn;                   // [C, d_v] U; V_new
+    gdn_scratch(std::int64_t C, std::int64_t dk, std::int64_t dv)
+        : gamma(static_cast<std::size_t>(C)), eg(gamma.size()), bet(gamma.size()), gm(C, C), kk(C, C), a(C, C), p(C, C), w(C, dk),
+          kd(C, dk), u(C, dv), vn(C, dv) {}
 };
 
-/// One value head of one sequence through the chunked WY/UT form (spec.md §4.3), rows t0..t0+len−1 of the inputs.
-/// K, Q, V are read in place (any row stride); O is written in place.
-inline void gated_delta_chunked_head(gated_delta_scratch& w, tensor_view<const float, 3> q, tensor_view<const float, 3> k,
-                                     tensor_view<const float, 3> v, tensor_view<const float, 2> g,
-                                     tensor_view<const float, 2> beta, float scale,
-                                     float* state,  // [d_k, d_v] contiguous
-                                     tensor_view<float, 3> o, std::int64_t t0, std::int64_t len, std::int64_t hv,
-                                     std::int64_t hk, std::int64_t C) {
-    const std::int64_t dk = q.dim(2), dv = v.dim(2);
-    Eigen::Map<row_matrix> S(state, dk, dv);
-    for (std::int64_t c0 = 0; c0 < len; c0 += C) {
-        const std::int64_t n = std::min(C, len - c0), t = t0 + c0;
-        const const_row_map K(&k(t, hk, 0), n, dk, Eigen::OuterStride<>(k.strides[0]));
-        const const_row_map Q(&q(t, hk, 0), n, dk, Eigen::OuterStride<>(q.strides[0]));
-        const const_row_map V(&v(t, hv, 0), n, dv, Eigen::OuterStride<>(v.strides[0]));
-        row_map O(&o(t, hv, 0), n, dv, Eigen::OuterStride<>(o.strides[0]));
-        float run = 0.f;
-        for (std::int64_t i = 0; i < n; ++i) {
-            assert(!(g(t + i, hv) > 0.f) && "gated delta rule: log-decay g must be <= 0 (decay factor in (0, 1])");
-            run += g(t + i, hv);
-            w.eg[i] = decay_factor(run);  // run ≤ 0
-            w.bet[i] = beta(t + i, hv);
-        }
-        // Transposed decay mask: gt(j, i) = exp(Σ_{m=j+1..i} g_m) for i ≥ j, built by index from partial sums of g
-        // over the span (accurate even when γ itself is large), 0 above. Exponents are ≤ 0 wherever exp is taken.
-        for (std::int64_t j = n - 1; j >= 0; --j) {
-            float* row = &w.gt(j, 0);
-            std::fill_n(row, j + 1, 0.f);
-            if (j + 1 < n) {
-                const float gj1 = g(t + j + 1, hv);
-                const float* below = &w.gt(j + 1, 0);  // still holds exponents (exp is applied after the loop)
-                for (std::int64_t i = j + 1; i < n; ++i) row[i] = below[i] + gj1;
-            }
-        }
-        auto GT = w.gt.topLeftCorner(n, n);
-        GT = (GT.array() < decay_flush_exponent).select(0.f, GT.array().max(decay_flush_exponent).exp()).matrix();
-        // K Kᵀ and K Qᵀ: kk(j, i) = k_j·k_i, kk(j, C + i) = k_j·q_i.
-        w.kk.topLeftCorner(n, n).noalias() = K * K.transpose();
-        w.kk.block(0, C, n, n).noalias() = K * Q.transpose();
-        // (I + A)ᵀ with A_ij = β_i (k_i·k_j) Γ_ij for i > j; Pᵀ with P_ij = scale (q_i·k_j) Γ_ij for i ≥ j.
-        // Entries are set by index: zero above/below the diagonal as the mask says.
-        for (std::int64_t j = 0; j < n; ++j) {
-            const float* kkj = &w.kk(j, 0);
-            const float* kqj = &w.kk(j, C);
-            const float* gtj = &w.gt(j, 0);
-            float* atj = &w.at(j, 0);
-            float* ptj = &w.pt(j, 0);
-            std::fill_n(atj, j, 0.f);
-            std::fill_n(ptj, j, 0.f);
-            atj[j] = 1.f;
-            ptj[j] = scale * kqj[j];  // Γ_jj = 1
-            for (std::int64_t i = j + 1; i < n; ++i) {
-                atj[i] = w.bet[i] * kkj[i] * gtj[i];
-                ptj[i] = scale * kqj[i] * gtj[i];
-            }
-        }
-        // Decayed keys and scaled, decayed queries in one block; one product gives both (·)S.
-        for (std::int64_t i = 0; i < n; ++i) {
-            w.kq.row(i) = w.eg[i] * K.row(i);
-            w.kq.row(n + i) = (scale * w.eg[i]) * Q.row(i);
-        }
-        w.kgs.topRows(2 * n).noalias() = w.kq.topRows(2 * n) * S;
-        // V_new = (I + A)⁻¹ diag(β) (V − (K ⊙ e^γ) S)  ==  U − W S of §4.3.
-        auto Vn = w.vn.topRows(n);
-        for (std::int64_t i = 0; i < n; ++i) Vn.row(i) = w.bet[i] * (V.row(i) - w.kgs.row(i));
-        w.at.topLeftCorner(n, n).transpose().triangularView<Eigen::UnitLower>().solveInPlace(Vn);
-        // O = (Q ⊙ e^γ) S + (tril(Q Kᵀ) ⊙ Γ) V_new, written in place.
-        O = w.kgs.middleRows(n, n);
-        O.noalias() += w.pt.topLeftCorner(n, n).transpose() * Vn;
-        // S ← exp(γ_last) S + (K ⊙ exp(γ_last − γ))ᵀ V_new; exp(γ_last − γ_j) = Γ_{last, j} = gt(j, last).
-        for (std::int64_t i = 0; i < n; ++i) w.kd.row(i) = w.gt(i, n - 1) * K.row(i);
-        S *= w.eg[n - 1];
-        S.noalias() += w.kd.topRows(n).transpose() * Vn;
+/// Stage gdn_chunk_cumsum, one (chunk, head): gamma[i] = Σ_{m≤i} g(t + m, hv), fp32.
+inline void gdn_cumsum_tile(tensor_view<const float, 2> g, std::int64_t t, std::int64_t hv, std::int64_t n, float* gamma) {
+    float run = 0.f;
+    for (std::int64_t i = 0; i < n; ++i) gamma[i] = run += g(t + i, hv);
+}
+
+/// exp(γ) (flushed) and β of one chunk, from γ and β in any layout.
+template <class Gamma>
+void gdn_decays(const Gamma& gamma, tensor_view<const float, 2> beta, std::int64_t t, std::int64_t hv, std::int64_t n, gdn_scratch& w) {
+    for (std::int64_t i = 0; i < n; ++i) {
+        w.eg[static_cast<std::size_t>(i)] = decay_factor(gamma(i));  // γ ≤ 0
+        w.bet[static_cast<std::size_t>(i)] = beta(t + i, hv);
     }
+}
+
+/// Γ of one chunk, used by stages 2, 4 and 5: gm(i, j) = exp(Σ_{m=j+1..i} g_m) for j ≤ i (1 on the diagonal), 0 above.
+/// Row i's exponents are row i−1's plus g_i (partial sums over the segment: accurate even when γ itself is large);
+/// exponents are ≤ 0 wherever exp is taken, and factors below e^−60 are flushed to 0.
+inline void gdn_decay_mask_tile(tensor_view<const float, 2> g, std::int64_t t, std::int64_t hv, std::int64_t n, row_matrix& gm) {
+    constexpr float masked = -std::numeric_limits<float>::infinity();
+    for (std::int64_t i = 0; i < n; ++i) {
+        float* row = &gm(i, 0);
+        if (i > 0) {
+            const float gi = g(t + i, hv);
+            const float* prev = &gm(i - 1, 0);
+            for (std::int64_t j = 0; j < i; ++j) row[j] = prev[j] + gi;
+        }
+        row[i] = 0.f;
+        std::fill(row + i + 1, row + n, masked);
+    }
+    auto G = gm.topLeftCorner(n, n);
+    G = (G.array() < decay_flush_exponent).select(0.f, G.array().max(decay_flush_exponent).exp()).matrix();
+}
+
+/// Stage gdn_wy_prepare, one (chunk, head): A [n, n] with A_ij = β_i (k_i·k_j) Γ_ij for j < i and 0 for j ≥ i.
+inline void gdn_wy_tile(const_row_map K, const float* bet, const row_matrix& gm, row_map A, row_matrix& kk) {
+    const std::int64_t n = K.rows();
+    kk.topLeftCorner(n, n).noalias() = K * K.transpose();
+    for (std::int64_t i = 0; i < n; ++i) {
+        const float* kki = &kk(i, 0);
+        const float* gmi = &gm(i, 0);
+        float* ai = &A(i, 0);
+        for (std::int64_t j = 0; j < i; ++j) ai[j] = bet[i] * kki[j] * gmi[j];
+        std::fill(ai + i, ai + n, 0.f);
+    }
+}
+
+/// X ← (I + A)⁻¹ X for A [n, n] strictly lower (diagonal and upper part not read), X [n, m]: forward substitution in
+/// blocks of 16 rows, each block first updated by one GEMM with the rows solved before it, then solved against its
+/// 16 × 16 diagonal block. (Eigen's own triangular solve runs chunk-sized systems in its unblocked kernel, at under half
+/// this speed.) Row i of the result depends on rows ≤ i of A and X only.
+inline void unit_lower_solve(const const_row_map& A, row_map X) {
+    constexpr std::int64_t block = 16;
+    const std::int64_t n = A.rows();
+    for (std::int64_t b = 0; b < n; b += block) {
+        const std::int64_t m = std::min(block, n - b);
+        if (b > 0) X.middleRows(b, m).noalias() -= A.block(b, 0, m, b) * X.topRows(b);
+        A.block(b, b, m, m).triangularView<Eigen::UnitLower>().solveInPlace(X.middleRows(b, m));
+    }
+}
+
+/// Stage gdn_intra_chunk_solve, one (chunk, head): W = (I + A)⁻¹ diag(β)(K ⊙ e^γ) and U = (I + A)⁻¹ diag(β) V, by
+/// forward substitution with the unit lower-triangular I + A (A's diagonal and upper part are not read).
+inline void gdn_solve_tile(const_row_map A, const_row_map K, const_row_map V, const float* bet, const float* eg, row_map W, row_map U) {
+    const std::int64_t n = K.rows();
+    for (std::int64_t i = 0; i < n; ++i) {
+        W.row(i) = (bet[i] * eg[i]) * K.row(i);
+        U.row(i) = bet[i] * V.row(i);
+    }
+    unit_lower_solve(A, W);
+    unit_lower_solve(A, U);
+}
+
+/// Stage gdn_state_pass, first half for one chunk: V_new = U − W S, S [d_k, d_v] the state entering the chunk.
+inline void gdn_new_values_tile(const_row_map W, const_row_map U, const float* S, row_map Vn) {
+    const Eigen::Map<const row_matrix> Sm(S, W.cols(), U.cols());
+    Vn = U;
+    Vn.noalias() -= W * Sm;
+}
+
+/// Stage gdn_state_pass, second half: S ← e^{γ_last} S + (K ⊙ Γ_{last, ·})ᵀ V_new (exp(γ_last − γ_j) = Γ_{last, j}).
+inline void gdn_state_update_tile(float* S, const_row_map K, const row_matrix& gm, float eg_last, const_row_map Vn, row_matrix& kd) {
+    const std::int64_t n = K.rows();
+    Eigen::Map<row_matrix> Sm(S, K.cols(), Vn.cols());
+    for (std::int64_t i = 0; i < n; ++i) kd.row(i) = gm(n - 1, i) * K.row(i);
+    Sm *= eg_last;
+    Sm.noalias() += kd.topRows(n).transpose() * Vn;
+}
+
+/// Stage gdn_chunk_output, one (chunk, head): O = (scale·Q ⊙ e^γ) S + (scale·tril(Q Kᵀ) ⊙ Γ) V_new, written in place,
+/// S [d_k, d_v] the state entering the chunk.
+inline void gdn_output_tile(const_row_map Q, const_row_map K, const row_matrix& gm, const float* eg, float scale, const float* S,
+                            const_row_map Vn, row_map O, gdn_scratch& w) {
+    const std::int64_t n = Q.rows();
+    const Eigen::Map<const row_matrix> Sm(S, Q.cols(), Vn.cols());
+    for (std::int64_t i = 0; i < n; ++i) w.kd.row(i) = (scale * eg[i]) * Q.row(i);
+    O.noalias() = w.kd.topRows(n) * Sm;
+    w.kk.topLeftCorner(n, n).noalias() = Q * K.transpose();
+    for (std::int64_t i = 0; i < n; ++i) {
+        const float* qki = &w.kk(i, 0);
+        const float* gmi = &gm(i, 0);
+        float* pi = &w.p(i, 0);
+        for (std::int64_t j = 0; j <= i; ++j) pi[j] = scale * qki[j] * gmi[j];
+        std::fill(pi + i + 1, pi + n, 0.f);
+    }
+    O.noalias() += w.p.topLeftCorner(n, n).triangularView<Eigen::Lower>() * Vn;
+}
+
+/// The head dimensions of a stage call, from its q/k and v views; H_v a positive multiple of H_k (config_error).
+struct gdn_dims {
+    std::int64_t R, Hk, Hv, dk, dv;
+};
+
+/// Shape, stride and value checks common to the stages. k is [R, H_k, d_k]; every other per-row tensor has H_v heads.
+inline gdn_dims gdn_check_stage(const chunk_layout& chunks, tensor_view<const float, 3> k, std::int64_t Hv, std::int64_t dv,
+                                std::string_view who) {
+    const gdn_dims d{chunks.n_rows(), k.dim(1), Hv, k.dim(2), dv};
+    chunks.require_rows(k.dim(0), who, "k");
+    require_unit_inner_stride(k, who, "k [n_rows, H_k, d_k]");
+    if (d.Hk <= 0 || d.Hv % d.Hk != 0)
+        throw config_error(std::string(who) + ": value heads (" + std::to_string(d.Hv) + ") must be a positive multiple of key heads (" +
+                           std::to_string(d.Hk) + ")");
+    return d;
+}
+
+template <class T, std::size_t N>
+void gdn_require(const tensor_view<T, N>& x, const typename tensor_view<T, N>::index_array& shape, bool rows_as_matrix,
+                 std::string_view who, std::string_view name) {
+    x.require_shape(shape, who, name);
+    if (rows_as_matrix) require_unit_inner_stride(x, who, name);
+}
+
+inline void gdn_check_g_rows(const chunk_layout& chunks, tensor_view<const float, 2> g, std::string_view who) {
+    for (std::int64_t c = 0; c < chunks.n_chunks(); ++c) check_log_decay_rows(g, chunks.row(c), chunks.length(c), who);
+}
+
+/// The layout handed to gdn_state_pass must be the one made from its batch (gdn_chunk_layout).
+inline void gdn_check_layout_batch(const seq_batch& batch, const chunk_layout& chunks, std::string_view who) {
+    bool same = batch.n_seq() == chunks.n_seq() && batch.n_rows == chunks.n_rows();
+    for (std::int64_t s = 0; same && s < batch.n_seq(); ++s)
+        same = chunks.seq_start(s) == batch.starts[s] && chunks.seq_length(s) == (batch.slots[s] >= 0 ? batch.lengths[s] : 0);
+    if (!same) throw shape_error(std::string(who) + ": the chunk layout was not made from this batch (use gdn_chunk_layout)");
 }
 
 /// Parallel loop over (sequence, value head) pairs of the valid sequences of a batch.
@@ -243,12 +377,339 @@ void for_each_seq_head(const Backend& be, const seq_batch& batch, std::int64_t H
     });
 }
 
+/// Valid (slot ≥ 0, non-empty) sequences × value heads of a chunk layout, in parallel: f(begin, end, item) with
+/// item(i) = (sequence, value head), so each task can set up its scratch once.
+template <class Backend, class F>
+void for_each_chunked_seq_head(const Backend& be, const chunk_layout& chunks, std::int64_t Hv, F&& f) {
+    std::vector<std::int64_t> seqs;
+    for (std::int64_t s = 0; s < chunks.n_seq(); ++s)
+        if (chunks.first_chunk(s) < chunks.first_chunk(s + 1)) seqs.push_back(s);
+    be.parallel_for(static_cast<std::int64_t>(seqs.size()) * Hv, 1, [&](std::int64_t b, std::int64_t e) {
+        f(b, e, [&](std::int64_t i) { return std::pair{seqs[static_cast<std::size_t>(i / Hv)], i % Hv}; });
+    });
+}
+
 }  // namespace detail
 
-/// Chunked prefill (spec.md §4.3) in fp32: same maths and arguments as gated_delta_rule_ref, processed in chunks of
-/// `chunk` tokens per sequence (the last chunk shorter), parallel over (sequence, value head). The state is read
-/// and written in place per slot; sequences with slot −1 touch nothing and their rows of o are zero.
-/// Throws shape_error / config_error like the reference, and config_error when chunk < 1.
+/// Stage 1: gamma [n_rows, H_v] = inclusive cumsum of g within each chunk, fp32 (chunk rows only). Parallel over (chunk, head).
+template <cpu_backend_type Backend>
+void gdn_chunk_cumsum(const Backend& be, const chunk_layout& chunks,
+                      tensor_view<const float, 2> g,  // [n_rows, H_v] log-decay ≤ 0
+                      tensor_view<float, 2> gamma) {  // [n_rows, H_v]
+    constexpr std::string_view who = "gdn_chunk_cumsum";
+    const std::int64_t Hv = g.dim(1);
+    chunks.require_rows(g.dim(0), who, "g");
+    gamma.require_shape({chunks.n_rows(), Hv}, who, "gamma [n_rows, H_v]");
+    detail::gdn_check_g_rows(chunks, g, who);
+    be.parallel_for(chunks.n_chunks() * Hv, 16, [&](std::int64_t i0, std::int64_t i1) {
+        std::vector<float> run(static_cast<std::size_t>(chunks.width()));
+        for (std::int64_t i = i0; i < i1; ++i) {
+            const std::int64_t c = i / Hv, h = i % Hv, t = chunks.row(c);
+            detail::gdn_cumsum_tile(g, t, h, chunks.length(c), run.data());
+            for (std::int64_t j = 0; j < chunks.length(c); ++j) gamma(t + j, h) = run[static_cast<std::size_t>(j)];
+        }
+    });
+}
+
+/// Stage 2 (the WY/UT preparation): A [n_rows, H_v, W], row i of chunk c holding A_ij = β_i (k_i·k_j) Γ_ij for j < i and
+/// 0 for j ≥ i (W entries; those past the chunk's length are 0). Parallel over (chunk, value head).
+template <cpu_backend_type Backend>
+void gdn_wy_prepare(const Backend& be, const chunk_layout& chunks,
+                    tensor_view<const float, 3> k,     // [n_rows, H_k, d_k]
+                    tensor_view<const float, 2> g,     // [n_rows, H_v]
+                    tensor_view<const float, 2> beta,  // [n_rows, H_v]
+                    tensor_view<float, 3> A) {         // [n_rows, H_v, W]
+    constexpr std::string_view who = "gdn_wy_prepare";
+    const auto d = detail::gdn_check_stage(chunks, k, g.dim(1), 0, who);
+    const std::int64_t Wd = chunks.width();
+    detail::gdn_require(g, {d.R, d.Hv}, false, who, "g [n_rows, H_v]");
+    detail::gdn_require(beta, {d.R, d.Hv}, false, who, "beta [n_rows, H_v]");
+    detail::gdn_require(A, {d.R, d.Hv, Wd}, true, who, "A [n_rows, H_v, W]");
+    detail::gdn_check_g_rows(chunks, g, who);
+    be.parallel_for(chunks.n_chunks() * d.Hv, 1, [&](std::int64_t i0, std::int64_t i1) {
+        detail::gdn_scratch w(Wd, d.dk, 0);
+        for (std::int64_t i = i0; i < i1; ++i) {
+            const std::int64_t c = i / d.Hv, hv = i % d.Hv, t = chunks.row(c), n = chunks.length(c);
+            for (std::int64_t j = 0; j < n; ++j) w.bet[static_cast<std::size_t>(j)] = beta(t + j, hv);
+            detail::gdn_decay_mask_tile(g, t, hv, n, w.gm);
+            detail::gdn_wy_tile(detail::rows_of(k, t, hv / (d.Hv / d.Hk), n), w.bet.data(), w.gm,
+                                detail::row_map(&A(t, hv, 0), n, n, Eigen::OuterStride<>(A.strides[0])), w.kk);
+            for (std::int64_t j = 0; j < n; ++j) std::fill(&A(t + j, hv, 0) + n, &A(t + j, hv, 0) + Wd, 0.f);
+        }
+    });
+}
+
+/// Stage 3 (the intra-chunk solve): W [n_rows, H_v, d_k] = (I + A)⁻¹ diag(β)(K ⊙ e^γ) and U [n_rows, H_v, d_v] =
+/// (I + A)⁻¹ diag(β) V per chunk, from A (stage 2) and gamma (stage 1). Parallel over (chunk, value head).
+template <cpu_backend_type Backend>
+void gdn_intra_chunk_solve(const Backend& be, const chunk_layout& chunks,
+                           tensor_view<const float, 3> k,      // [n_rows, H_k, d_k]
+                           tensor_view<const float, 3> v,      // [n_rows, H_v, d_v]
+                           tensor_view<const float, 2> beta,   // [n_rows, H_v]
+                           tensor_view<const float, 2> gamma,  // [n_rows, H_v]
+                           tensor_view<const float, 3> A,      // [n_rows, H_v, W]
+                           tensor_view<float, 3> W,            // [n_rows, H_v, d_k]
+                           tensor_view<float, 3> U) {          // [n_rows, H_v, d_v]
+    constexpr std::string_view who = "gdn_intra_chunk_solve";
+    const auto d = detail::gdn_check_stage(chunks, k, v.dim(1), v.dim(2), who);
+    detail::gdn_require(v, {d.R, d.Hv, d.dv}, true, who, "v [n_rows, H_v, d_v]");
+    detail::gdn_require(beta, {d.R, d.Hv}, false, who, "beta [n_rows, H_v]");
+    detail::gdn_require(gamma, {d.R, d.Hv}, false, who, "gamma [n_rows, H_v]");
+    detail::gdn_require(A, {d.R, d.Hv, chunks.width()}, true, who, "A [n_rows, H_v, W]");
+    detail::gdn_require(W, {d.R, d.Hv, d.dk}, true, who, "W [n_rows, H_v, d_k]");
+    detail::gdn_require(U, {d.R, d.Hv, d.dv}, true, who, "U [n_rows, H_v, d_v]");
+    be.parallel_for(chunks.n_chunks() * d.Hv, 1, [&](std::int64_t i0, std::int64_t i1) {
+        detail::gdn_scratch w(chunks.width(), 0, 0);
+        for (std::int64_t i = i0; i < i1; ++i) {
+            const std::int64_t c = i / d.Hv, hv = i % d.Hv, t = chunks.row(c), n = chunks.length(c);
+            detail::gdn_decays([&](std::int64_t j) { return gamma(t + j, hv); }, beta, t, hv, n, w);
+            const detail::const_row_map Am(&A(t, hv, 0), n, n, Eigen::OuterStride<>(A.strides[0]));
+            detail::gdn_solve_tile(Am, detail::rows_of(k, t, hv / (d.Hv / d.Hk), n), detail::rows_of(v, t, hv, n), w.bet.data(),
+                                   w.eg.data(), detail::rows_of(W, t, hv, n), detail::rows_of(U, t, hv, n));
+        }
+    });
+}
+
+/// Stage 4 (the inter-chunk state pass): for each valid sequence s of `batch` and value head, through its chunks in
+/// order from state[slot_s]: chunk_states (c, h) = S (the state entering chunk c), V_new = U − W S (rows of chunk c of
+/// v_new), S ← e^{γ_last} S + (K ⊙ e^{γ_last − γ})ᵀ V_new; the final S is written back to state[slot_s]. `chunks` must be
+/// gdn_chunk_layout(batch, ·). Parallel over (sequence, value head).
+template <cpu_backend_type Backend>
+void gdn_state_pass(const Backend& be, const seq_batch& batch, const chunk_layout& chunks,
+                    tensor_view<const float, 3> k,        // [n_rows, H_k, d_k]
+                    tensor_view<const float, 2> g,        // [n_rows, H_v]
+                    tensor_view<const float, 2> gamma,    // [n_rows, H_v]
+                    tensor_view<const float, 3> W,        // [n_rows, H_v, d_k]
+                    tensor_view<const float, 3> U,        // [n_rows, H_v, d_v]
+                    tensor_view<float, 4> state,          // [S, H_v, d_k, d_v] in/out
+                    tensor_view<float, 4> chunk_states,   // [n_chunks, H_v, d_k, d_v]
+                    tensor_view<float, 3> v_new) {        // [n_rows, H_v, d_v]
+    constexpr std::string_view who = "gdn_state_pass";
+    const auto d = detail::gdn_check_stage(chunks, k, U.dim(1), U.dim(2), who);
+    detail::gdn_require(g, {d.R, d.Hv}, false, who, "g [n_rows, H_v]");
+    detail::gdn_require(gamma, {d.R, d.Hv}, false, who, "gamma [n_rows, H_v]");
+    detail::gdn_require(W, {d.R, d.Hv, d.dk}, true, who, "W [n_rows, H_v, d_k]");
+    detail::gdn_require(U, {d.R, d.Hv, d.dv}, true, who, "U [n_rows, H_v, d_v]");
+    detail::gdn_require(v_new, {d.R, d.Hv, d.dv}, true, who, "v_new [n_rows, H_v, d_v]");
+    state.require_shape({-1, d.Hv, d.dk, d.dv}, who, "state [S, H_v, d_k, d_v]");
+    detail::require_dense_matrices(state, who, "state [S, H_v, d_k, d_v]");
+    chunk_states.require_shape({chunks.n_chunks(), d.Hv, d.dk, d.dv}, who, "chunk_states [n_chunks, H_v, d_k, d_v]");
+    detail::require_dense_matrices(chunk_states, who, "chunk_states [n_chunks, H_v, d_k, d_v]");
+    batch.validate(state.dim(0));
+    detail::gdn_check_layout_batch(batch, chunks, who);
+    detail::gdn_check_g_rows(chunks, g, who);
+    detail::for_each_chunked_seq_head(be, chunks, d.Hv, [&](std::int64_t b, std::int64_t e, auto item) {
+        detail::gdn_scratch w(chunks.width(), d.dk, 0);
+        for (std::int64_t i = b; i < e; ++i) {
+            const auto [s, hv] = item(i);
+            float* S = &state(batch.slots[static_cast<std::size_t>(s)], hv, 0, 0);
+            for (std::int64_t c = chunks.first_chunk(s); c < chunks.first_chunk(s + 1); ++c) {
+                const std::int64_t t = chunks.row(c), n = chunks.length(c);
+                std::copy_n(S, d.dk * d.dv, &chunk_states(c, hv, 0, 0));
+                detail::gdn_decay_mask_tile(g, t, hv, n, w.gm);
+                detail::gdn_new_values_tile(detail::rows_of(W, t, hv, n), detail::rows_of(U, t, hv, n), S, detail::rows_of(v_new, t, hv, n));
+                detail::gdn_state_update_tile(S, detail::rows_of(k, t, hv / (d.Hv / d.Hk), n), w.gm, detail::decay_factor(gamma(t + n - 1, hv)),
+                                              detail::rows_of(tensor_view<const float, 3>(v_new), t, hv, n), w.kd);
+            }
+        }
+    });
+}
+
+/// Stage 5: rows of every chunk of o [n_rows, H_v, d_v] (other rows untouched): O = (scale·Q ⊙ e^γ) S_c + (scale·tril(Q Kᵀ)
+/// ⊙ Γ) V_new, from gamma (stage 1), chunk_states and v_new (stage 4). Parallel over (chunk, value head).
+template <cpu_backend_type Backend>
+void gdn_chunk_output(const Backend& be, const chunk_layout& chunks,
+                      tensor_view<const float, 3> q,             // [n_rows, H_k, d_k]
+                      tensor_view<const float, 3> k,             // [n_rows, H_k, d_k]
+                      tensor_view<const float, 2> g,             // [n_rows, H_v]
+                      tensor_view<const float, 2> gamma,         // [n_rows, H_v]
+                      tensor_view<const float, 4> chunk_states,  // [n_chunks, H_v, d_k, d_v]
+                      tensor_view<const float, 3> v_new,         // [n_rows, H_v, d_v]
+                      float scale,
+                      tensor_view<float, 3> o) {                 // [n_rows, H_v, d_v]
+    constexpr std::string_view who = "gdn_chunk_output";
+    const auto d = detail::gdn_check_stage(chunks, k, v_new.dim(1), v_new.dim(2), who);
+    detail::gdn_require(q, {d.R, d.Hk, d.dk}, true, who, "q [n_rows, H_k, d_k]");
+    detail::gdn_require(g, {d.R, d.Hv}, false, who, "g [n_rows, H_v]");
+    detail::gdn_require(gamma, {d.R, d.Hv}, false, who, "gamma [n_rows, H_v]");
+    detail::gdn_require(v_new, {d.R, d.Hv, d.dv}, true, who, "v_new [n_rows, H_v, d_v]");
+    detail::gdn_require(o, {d.R, d.Hv, d.dv}, true, who, "o [n_rows, H_v, d_v]");
+    chunk_states.require_shape({chunks.n_chunks(), d.Hv, d.dk, d.dv}, who, "chunk_states [n_chunks, H_v, d_k, d_v]");
+    detail::require_dense_matrices(chunk_states, who, "chunk_states [n_chunks, H_v, d_k, d_v]");
+    detail::gdn_check_g_rows(chunks, g, who);
+    be.parallel_for(chunks.n_chunks() * d.Hv, 1, [&](std::int64_t i0, std::int64_t i1) {
+        detail::gdn_scratch w(chunks.width(), d.dk, 0);
+        for (std::int64_t i = i0; i < i1; ++i) {
+            const std::int64_t c = i / d.Hv, hv = i % d.Hv, hk = hv / (d.Hv / d.Hk), t = chunks.row(c), n = chunks.length(c);
+            for (std::int64_t j = 0; j < n; ++j) w.eg[static_cast<std::size_t>(j)] = detail::decay_factor(gamma(t + j, hv));
+            detail::gdn_decay_mask_tile(g, t, hv, n, w.gm);
+            detail::gdn_output_tile(detail::rows_of(q, t, hk, n), detail::rows_of(k, t, hk, n), w.gm, w.eg.data(), scale,
+                                    &chunk_states(c, hv, 0, 0), detail::rows_of(v_new, t, hv, n), detail::rows_of(o, t, hv, n), w);
+        }
+    });
+}
+
+// ---- fp64 twins of the stages: same arguments (no backend), plain loops -----------------------------------------
+
+namespace detail {
+/// Γ_ij = exp(Σ_{m=j+1..i} g_m) for j ≤ i (the definition, summed directly), else 0.
+inline double gdn_gamma_ref(tensor_view<const double, 2> g, std::int64_t t0, std::int64_t h, std::int64_t i, std::int64_t j) {
+    if (j > i) return 0.0;
+    double seg = 0;
+    for (std::int64_t m = j + 1; m <= i; ++m) seg += g(t0 + m, h);
+    return std::exp(seg);
+}
+}  // namespace detail
+
+/// Twin of gdn_chunk_cumsum.
+inline void gdn_chunk_cumsum_ref(const chunk_layout& chunks, tensor_view<const double, 2> g, tensor_view<double, 2> gamma) {
+    constexpr std::string_view who = "gdn_chunk_cumsum_ref";
+    chunks.require_rows(g.dim(0), who, "g");
+    gamma.require_shape({chunks.n_rows(), g.dim(1)}, who, "gamma [n_rows, H_v]");
+    for (std::int64_t c = 0; c < chunks.n_chunks(); ++c) {
+        detail::check_log_decay_rows(g, chunks.row(c), chunks.length(c), who);
+        for (std::int64_t h = 0; h < g.dim(1); ++h) {
+            double acc = 0;
+            for (std::int64_t t = chunks.row(c); t < chunks.row(c) + chunks.length(c); ++t) gamma(t, h) = acc += g(t, h);
+        }
+    }
+}
+
+/// Twin of gdn_wy_prepare.
+inline void gdn_wy_prepare_ref(const chunk_layout& chunks, tensor_view<const double, 3> k, tensor_view<const double, 2> g,
+                               tensor_view<const double, 2> beta, tensor_view<double, 3> A) {
+    constexpr std::string_view who = "gdn_wy_prepare_ref";
+    const std::int64_t R = chunks.n_rows(), Hk = k.dim(1), dk = k.dim(2), Hv = g.dim(1), Wd = chunks.width();
+    chunks.require_rows(k.dim(0), who, "k");
+    g.require_shape({R, Hv}, who, "g [n_rows, H_v]");
+    beta.require_shape({R, Hv}, who, "beta [n_rows, H_v]");
+    A.require_shape({R, Hv, Wd}, who, "A [n_rows, H_v, W]");
+    if (Hk <= 0 || Hv % Hk != 0) throw config_error(std::string(who) + ": value heads must be a positive multiple of key heads");
+    for (std::int64_t c = 0; c < chunks.n_chunks(); ++c) {
+        const std::int64_t t0 = chunks.row(c), n = chunks.length(c);
+        detail::check_log_decay_rows(g, t0, n, who);
+        for (std::int64_t h = 0; h < Hv; ++h)
+            for (std::int64_t i = 0; i < n; ++i)
+                for (std::int64_t j = 0; j < Wd; ++j) {
+                    double kk = 0;
+                    if (j < i)
+                        for (std::int64_t a = 0; a < dk; ++a) kk += k(t0 + i, h / (Hv / Hk), a) * k(t0 + j, h / (Hv / Hk), a);
+                    A(t0 + i, h, j) = j < i ? beta(t0 + i, h) * kk * detail::gdn_gamma_ref(g, t0, h, i, j) : 0.0;
+                }
+    }
+}
+
+/// Twin of gdn_intra_chunk_solve: forward substitution X_i = RHS_i − Σ_{j<i} A_ij X_j.
+inline void gdn_intra_chunk_solve_ref(const chunk_layout& chunks, tensor_view<const double, 3> k, tensor_view<const double, 3> v,
+                                      tensor_view<const double, 2> beta, tensor_view<const double, 2> gamma,
+                                      tensor_view<const double, 3> A, tensor_view<double, 3> W, tensor_view<double, 3> U) {
+    constexpr std::string_view who = "gdn_intra_chunk_solve_ref";
+    const std::int64_t R = chunks.n_rows(), Hk = k.dim(1), dk = k.dim(2), Hv = v.dim(1), dv = v.dim(2);
+    chunks.require_rows(k.dim(0), who, "k");
+    v.require_shape({R, Hv, dv}, who, "v [n_rows, H_v, d_v]");
+    beta.require_shape({R, Hv}, who, "beta [n_rows, H_v]");
+    gamma.require_shape({R, Hv}, who, "gamma [n_rows, H_v]");
+    A.require_shape({R, Hv, chunks.width()}, who, "A [n_rows, H_v, W]");
+    W.require_shape({R, Hv, dk}, who, "W [n_rows, H_v, d_k]");
+    U.require_shape({R, Hv, dv}, who, "U [n_rows, H_v, d_v]");
+    if (Hk <= 0 || Hv % Hk != 0) throw config_error(std::string(who) + ": value heads must be a positive multiple of key heads");
+    for (std::int64_t c = 0; c < chunks.n_chunks(); ++c) {
+        const std::int64_t t0 = chunks.row(c), n = chunks.length(c);
+        for (std::int64_t h = 0; h < Hv; ++h)
+            for (std::int64_t i = 0; i < n; ++i) {
+                const std::int64_t t = t0 + i;
+                for (std::int64_t a = 0; a < dk; ++a) W(t, h, a) = beta(t, h) * std::exp(gamma(t, h)) * k(t, h / (Hv / Hk), a);
+                for (std::int64_t b = 0; b < dv; ++b) U(t, h, b) = beta(t, h) * v(t, h, b);
+                for (std::int64_t j = 0; j < i; ++j) {
+                    const double aij = A(t, h, j);
+                    for (std::int64_t a = 0; a < dk; ++a) W(t, h, a) -= aij * W(t0 + j, h, a);
+                    for (std::int64_t b = 0; b < dv; ++b) U(t, h, b) -= aij * U(t0 + j, h, b);
+                }
+            }
+    }
+}
+
+/// Twin of gdn_state_pass.
+inline void gdn_state_pass_ref(const seq_batch& batch, const chunk_layout& chunks, tensor_view<const double, 3> k,
+                               tensor_view<const double, 2> g, tensor_view<const double, 2> gamma, tensor_view<const double, 3> W,
+                               tensor_view<const double, 3> U, tensor_view<double, 4> state, tensor_view<double, 4> chunk_states,
+                               tensor_view<double, 3> v_new) {
+    constexpr std::string_view who = "gdn_state_pass_ref";
+    const std::int64_t R = chunks.n_rows(), Hk = k.dim(1), dk = k.dim(2), Hv = U.dim(1), dv = U.dim(2);
+    chunks.require_rows(k.dim(0), who, "k");
+    g.require_shape({R, Hv}, who, "g [n_rows, H_v]");
+    gamma.require_shape({R, Hv}, who, "gamma [n_rows, H_v]");
+    W.require_shape({R, Hv, dk}, who, "W [n_rows, H_v, d_k]");
+    v_new.require_shape({R, Hv, dv}, who, "v_new [n_rows, H_v, d_v]");
+    state.require_shape({-1, Hv, dk, dv}, who, "state [S, H_v, d_k, d_v]");
+    chunk_states.require_shape({chunks.n_chunks(), Hv, dk, dv}, who, "chunk_states [n_chunks, H_v, d_k, d_v]");
+    if (Hk <= 0 || Hv % Hk != 0) throw config_error(std::string(who) + ": value heads must be a positive multiple of key heads");
+    batch.validate(state.dim(0));
+    detail::gdn_check_layout_batch(batch, chunks, who);
+    for (std::int64_t s = 0; s < chunks.n_seq(); ++s)
+        for (std::int64_t h = 0; h < Hv; ++h)
+            for (std::int64_t c = chunks.first_chunk(s); c < chunks.first_chunk(s + 1); ++c) {
+                auto S = state[batch.slots[static_cast<std::size_t>(s)]][h];  // [d_k, d_v]
+                const std::int64_t t0 = chunks.row(c), n = chunks.length(c), last = n - 1;
+                detail::check_log_decay_rows(g, t0, n, who);
+                for (std::int64_t a = 0; a < dk; ++a)
+                    for (std::int64_t b = 0; b < dv; ++b) chunk_states(c, h, a, b) = S(a, b);
+                for (std::int64_t i = 0; i < n; ++i)
+                    for (std::int64_t b = 0; b < dv; ++b) {
+                        double ws = 0;
+                        for (std::int64_t a = 0; a < dk; ++a) ws += W(t0 + i, h, a) * S(a, b);
+                        v_new(t0 + i, h, b) = U(t0 + i, h, b) - ws;
+                    }
+                const double decay_all = std::exp(gamma(t0 + last, h));
+                for (std::int64_t a = 0; a < dk; ++a)
+                    for (std::int64_t b = 0; b < dv; ++b) {
+                        double acc = decay_all * S(a, b);
+                        for (std::int64_t i = 0; i < n; ++i)
+                            acc += k(t0 + i, h / (Hv / Hk), a) * detail::gdn_gamma_ref(g, t0, h, last, i) * v_new(t0 + i, h, b);
+                        S(a, b) = acc;
+                    }
+            }
+}
+
+/// Twin of gdn_chunk_output.
+inline void gdn_chunk_output_ref(const chunk_layout& chunks, tensor_view<const double, 3> q, tensor_view<const double, 3> k,
+                                 tensor_view<const double, 2> g, tensor_view<const double, 2> gamma,
+                                 tensor_view<const double, 4> chunk_states, tensor_view<const double, 3> v_new, double scale,
+                                 tensor_view<double, 3> o) {
+    constexpr std::string_view who = "gdn_chunk_output_ref";
+    const std::int64_t R = chunks.n_rows(), Hk = k.dim(1), dk = k.dim(2), Hv = v_new.dim(1), dv = v_new.dim(2);
+    chunks.require_rows(k.dim(0), who, "k");
+    q.require_shape({R, Hk, dk}, who, "q [n_rows, H_k, d_k]");
+    g.require_shape({R, Hv}, who, "g [n_rows, H_v]");
+    gamma.require_shape({R, Hv}, who, "gamma [n_rows, H_v]");
+    chunk_states.require_shape({chunks.n_chunks(), Hv, dk, dv}, who, "chunk_states [n_chunks, H_v, d_k, d_v]");
+    o.require_shape({R, Hv, dv}, who, "o [n_rows, H_v, d_v]");
+    if (Hk <= 0 || Hv % Hk != 0) throw config_error(std::string(who) + ": value heads must be a positive multiple of key heads");
+    for (std::int64_t c = 0; c < chunks.n_chunks(); ++c) {
+        const std::int64_t t0 = chunks.row(c), n = chunks.length(c);
+        detail::check_log_decay_rows(g, t0, n, who);
+        for (std::int64_t h = 0; h < Hv; ++h) {
+            const std::int64_t hk = h / (Hv / Hk);
+            for (std::int64_t i = 0; i < n; ++i)
+                for (std::int64_t b = 0; b < dv; ++b) {
+                    double inter = 0, intra = 0;
+                    for (std::int64_t a = 0; a < dk; ++a) inter += q(t0 + i, hk, a) * chunk_states(c, h, a, b);
+                    for (std::int64_t j = 0; j <= i; ++j) {
+                        double qk = 0;
+                        for (std::int64_t a = 0; a < dk; ++a) qk += q(t0 + i, hk, a) * k(t0 + j, hk, a);
+                        intra += qk * detail::gdn_gamma_ref(g, t0, h, i, j) * v_new(t0 + j, h, b);
+                    }
+                    o(t0 + i, h, b) = scale * (std::exp(gamma(t0 + i, h)) * inter + intra);
+                }
+        }
+    }
+}
+
+/// Chunked prefill (spec.md §4.3) in fp32: the composition of the five stages above, with the same maths and arguments
+/// as gated_delta_rule_ref, in chunks of `chunk` tokens per sequence (the last chunk shorter), parallel over (sequence,
+/// value head). The state is read and written in place per slot; sequences with slot −1 touch nothing and their rows of
+/// o are zero. Throws shape_error / config_error like the reference, value_error on a positive g, and config_error when
+/// chunk < 1.
 template <cpu_backend_type Backend>
 void gated_delta_rule_chunked(const Backend& be, const seq_batch& batch,
                               tensor_view<const float, 3> q,     // [n_rows, H_k, d_k]
@@ -260,15 +721,34 @@ void gated_delta_rule_chunked(const Backend& be, const seq_batch& batch,
                               tensor_view<float, 4> state,  // [S, H_v, d_k, d_v] in/out
                               tensor_view<float, 3> o,      // [n_rows, H_v, d_v]
                               std::int64_t chunk = 64) {
-    detail::check_gated_delta_args(batch, q, k, v, g, beta, state, o, "gated_delta_rule_chunked");
+    detail::check_gated_delta_args<float>(batch, q, k, v, g, beta, state, o, "gated_delta_rule_chunked");
     if (chunk < 1) throw config_error("gated_delta_rule_chunked: chunk size must be >= 1, found " + std::to_string(chunk));
     const std::int64_t Hk = q.dim(1), dk = q.dim(2), Hv = v.dim(1), dv = v.dim(2), r = Hv / Hk;
     detail::zero_uncovered_rows(batch, o);
-    detail::for_each_seq_head(be, batch, Hv, [&](std::int64_t s, std::int64_t j) {
-        const std::int64_t C = std::min(chunk, batch.lengths[s]);
-        detail::gated_delta_scratch w(C, dk, dv);
-        detail::gated_delta_chunked_head(w, q, k, v, g, beta, scale, &state(batch.slots[s], j, 0, 0), o,
-                                         batch.starts[s], batch.lengths[s], j, j / r, C);
+    const chunk_layout chunks = gdn_chunk_layout(batch, chunk);
+    // The five stages per (sequence, value head), chunks in order, with the stages' own tile code; S is the slot's state.
+    detail::for_each_chunked_seq_head(be, chunks, Hv, [&](std::int64_t b, std::int64_t e, auto item) {
+        detail::gdn_scratch w(chunks.width(), dk, dv);
+        for (std::int64_t i = b; i < e; ++i) {
+            const auto [s, hv] = item(i);
+            const std::int64_t hk = hv / r;
+            float* S = &state(batch.slots[static_cast<std::size_t>(s)], hv, 0, 0);
+            for (std::int64_t c = chunks.first_chunk(s); c < chunks.first_chunk(s + 1); ++c) {
+                const std::int64_t t = chunks.row(c), n = chunks.length(c);
+                const detail::const_row_map K = detail::rows_of(k, t, hk, n), Q = detail::rows_of(q, t, hk, n);
+                const detail::row_map A(w.a.data(), n, n, Eigen::OuterStride<>(w.a.cols()));
+                const detail::row_map Wm(w.w.data(), n, dk, Eigen::OuterStride<>(dk)), U(w.u.data(), n, dv, Eigen::OuterStride<>(dv)),
+                    Vn(w.vn.data(), n, dv, Eigen::OuterStride<>(dv));
+                detail::gdn_cumsum_tile(g, t, hv, n, w.gamma.data());
+                detail::gdn_decays([&](std::int64_t j) { return w.gamma[static_cast<std::size_t>(j)]; }, beta, t, hv, n, w);
+                detail::gdn_decay_mask_tile(g, t, hv, n, w.gm);
+                detail::gdn_wy_tile(K, w.bet.data(), w.gm, A, w.kk);
+                detail::gdn_solve_tile(detail::as_const(A), K, detail::rows_of(v, t, hv, n), w.bet.data(), w.eg.data(), Wm, U);
+                detail::gdn_new_values_tile(detail::as_const(Wm), detail::as_const(U), S, Vn);
+                detail::gdn_output_tile(Q, K, w.gm, w.eg.data(), scale, S, detail::as_const(Vn), detail::rows_of(o, t, hv, n), w);
+                detail::gdn_state_update_tile(S, K, w.gm, w.eg[static_cast<std::size_t>(n - 1)], detail::as_const(Vn), w.kd);
+            }
+        }
     });
 }
 
@@ -303,8 +783,7 @@ void gated_delta_step_head(float* S,  // [d_k, d_v]
             sq[b] += qs[a] * row[b];
         }
     }
-    assert(!(g > 0.f) && "gated delta rule: log-decay g must be <= 0 (decay factor in (0, 1])");
-    const float alpha = decay_factor(g);
+    const float alpha = decay_factor(g);  // g ≤ 0 was checked by the entry point
     float kq = 0.f;
     for (std::int64_t a = 0; a < dk; ++a) kq += kt[a] * qs[a];
     for (std::int64_t b = 0; b < dv; ++b) {
@@ -336,7 +815,7 @@ void gated_delta_rule_step(const Backend& be, const seq_batch& batch,
                            float scale,
                            tensor_view<float, 4> state,  // [S, H_v, d_k, d_v] in/out
                            tensor_view<float, 3> o) {    // [n_rows, H_v, d_v]
-    detail::check_gated_delta_args(batch, q, k, v, g, beta, state, o, "gated_delta_rule_step");
+    detail::check_gated_delta_args<float>(batch, q, k, v, g, beta, state, o, "gated_delta_rule_step");
     for (std::int64_t s = 0; s < batch.n_seq(); ++s)
         if (batch.lengths[s] != 1)
             throw shape_error("gated_delta_rule_step: sequence " + std::to_string(s) + " has " +

@@ -1,13 +1,17 @@
-// Mamba-2 state-space duality (SSD) core: the fp64 reference recurrence (spec.md §3.2 step 5), the chunked
-// prefill algorithm with a safe segment sum (§3.3) and the one-token decode step (§3.4).
-// Source: Dao & Gu, "Transformers are SSMs", arXiv 2405.21060 §6–7; state-spaces/mamba ssd_minimal.py.
+// Mamba-2 state-space duality (SSD) core: the fp64 reference recurrence (spec.md §3.2 step 5), the chunked prefill
+// algorithm (§3.3) as named stages, each with an fp64 twin, and the one-token decode step (§3.4).
+// Source: Dao & Gu, "Transformers are SSMs", arXiv 2405.21060 §6–7; stage split as in state-spaces/mamba ssd_combined.py.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <Eigen/Core>
@@ -16,6 +20,8 @@
 #include "hymix/backend/concepts.hpp"
 #include "hymix/core/error.hpp"
 #include "hymix/core/tensor.hpp"
+#include "hymix/kernels/chunk_layout.hpp"
+#include "hymix/kernels/view_checks.hpp"
 
 namespace hymix::kernels {
 
@@ -49,24 +55,121 @@ struct ssd_inputs {
 
 namespace detail {
 
-/// Shape checks shared by every SSD entry point; throws shape_error naming the tensor.
-template <class T, class Seq>
-void ssd_check(const ssd_inputs<T>& in, std::span<const Seq> seqs, tensor_view<T, 3> y, const char* who) {
-    const std::int64_t R = in.n_rows(), H = in.n_heads(), P = in.head_dim(), G = in.n_groups(), N = in.d_state();
-    const std::string_view w(who);
-    in.dt.require_shape({R, H}, w, "dt");
-    in.B.require_shape({R, -1, -1}, w, "B");
-    in.C.require_shape({R, G, N}, w, "C");
-    y.require_shape({R, H, P}, w, "y");
+// Argument checks. Every public entry point (whole-call kernels, stages and their fp64 twins) checks, in release
+// builds: shapes and stride assumptions of every view (shape_error naming it), A finite and ≤ 0, Δ ≥ 0 and not +∞ on
+// the rows it reads (value_error), sequences inside the rows and sharing neither rows nor states. Together these cost
+// O(R·H + H + n_seq) compares: 1/(P·N) of the decode step's own work, so the decode path keeps them too.
+// Skipped on every path, on purpose: the finiteness of x, B, C, D and of the states (as many reads as the decode step's
+// own work; a NaN there, like a NaN Δ, propagates to its own sequence's outputs and state only, which is the documented
+// behaviour, spec.md §8 16), whether a state pointer really holds [H, P, N] values (a raw pointer carries no size), and
+// aliasing between y and the inputs. The tile functions below are internal and check nothing.
+
+/// Shapes, strides and parameter values of the inputs, checked by every SSD entry point (shape_error / value_error
+/// naming the argument). x, B and C rows are mapped as Eigen matrices: their last dimension needs unit stride; dt is
+/// read element by element (any strides).
+template <class T>
+void ssd_check_inputs(const ssd_inputs<T>& in, std::string_view who) {
+    const std::int64_t R = in.n_rows(), H = in.n_heads(), G = in.n_groups(), N = in.d_state();
+    in.dt.require_shape({R, H}, who, "dt [R, H]");
+    in.B.require_shape({R, -1, -1}, who, "B [R, G, N]");
+    in.C.require_shape({R, G, N}, who, "C [R, G, N]");
     if (G <= 0 || H % G != 0)
-        throw shape_error(std::string(w) + ": " + std::to_string(H) + " heads are not divisible into " + std::to_string(G) + " B/C groups");
-    if (!in.A) throw shape_error(std::string(w) + ": A is null");
-    if (in.x.strides[2] != 1 || in.B.strides[2] != 1 || in.C.strides[2] != 1 || y.strides[2] != 1)
-        throw shape_error(std::string(w) + ": x, B, C and y need unit inner stride");
+        throw shape_error(std::string(who) + ": " + std::to_string(H) + " heads are not divisible into " + std::to_string(G) + " B/C groups");
+    if (!in.A) throw shape_error(std::string(who) + ": A is null");
+    require_unit_inner_stride(in.x, who, "x [R, H, P]");
+    require_unit_inner_stride(in.B, who, "B [R, G, N]");
+    require_unit_inner_stride(in.C, who, "C [R, G, N]");
+    // A = −exp(A_log) ≤ 0: the chunked form clamps every segment sum of Δ·A to ≤ 0, exact only for A ≤ 0. H values.
+    for (std::int64_t h = 0; h < H; ++h)
+        if (!(in.A[h] <= T(0)) || !std::isfinite(in.A[h]))
+            throw value_error(std::string(who) + ": A[" + std::to_string(h) + "] = " + std::to_string(in.A[h]) +
+                              "; A = -exp(A_log) must be finite and <= 0");
+}
+
+/// Δ on rows [r0, r0 + len): ≥ 0 and not +∞ (value_error), as softplus and the dt clamp produce. A NaN is let
+/// through on purpose: like a NaN in x it stays in its own sequence's outputs and state (spec.md §8, 16), while
+/// rejecting it would fail every other sequence of the batch. Cost: one compare per (row, head).
+template <class T>
+void ssd_check_dt_rows(const ssd_inputs<T>& in, std::int64_t r0, std::int64_t len, std::string_view who) {
+    const std::int64_t H = in.n_heads();
+    for (std::int64_t t = r0; t < r0 + len; ++t)
+        for (std::int64_t h = 0; h < H; ++h) {
+            const T d = in.dt(t, h);
+            if (d < T(0) || d == std::numeric_limits<T>::infinity())
+                throw value_error(std::string(who) + ": dt[" + std::to_string(t) + ", " + std::to_string(h) + "] = " + std::to_string(d) +
+                                  "; the step size must be >= 0 and finite");
+        }
+}
+
+/// The sequences of one call: rows inside [0, R), no two sharing a row or any part of a state ([H, P, N] each),
+/// since both would be written by two tasks at once. Pairwise for up to 64 sequences (no allocation on the decode
+/// path), sorted otherwise.
+template <class T>
+void ssd_check_seqs(std::span<const ssd_sequence<T>> seqs, std::int64_t R, std::int64_t state_size, std::string_view who) {
     for (const auto& s : seqs)
         if (s.start < 0 || s.length < 0 || s.start + s.length > R)
-            throw shape_error(std::string(w) + ": sequence rows [" + std::to_string(s.start) + ", " + std::to_string(s.start + s.length) +
+            throw shape_error(std::string(who) + ": sequence rows [" + std::to_string(s.start) + ", " + std::to_string(s.start + s.length) +
                               ") outside [0, " + std::to_string(R) + ")");
+    const auto overlap_rows = [](const ssd_sequence<T>& a, const ssd_sequence<T>& b) {
+        return a.length > 0 && b.length > 0 && a.start < b.start + b.length && b.start < a.start + a.length;
+    };
+    const auto overlap_state = [&](const ssd_sequence<T>& a, const ssd_sequence<T>& b) {
+        return a.state && b.state && state_size > 0 && a.state < b.state + state_size && b.state < a.state + state_size;
+    };
+    const auto fail = [&](bool rows) {
+        throw shape_error(std::string(who) + (rows ? ": two sequences of one call share token rows" : ": two sequences of one call share a state"));
+    };
+    const std::size_t n = seqs.size();
+    if (n <= 64) {
+        for (std::size_t i = 0; i < n; ++i)
+            for (std::size_t j = i + 1; j < n; ++j) {
+                if (overlap_rows(seqs[i], seqs[j])) fail(true);
+                if (overlap_state(seqs[i], seqs[j])) fail(false);
+            }
+        return;
+    }
+    std::vector<std::pair<std::int64_t, std::int64_t>> rows;
+    std::vector<const T*> states;
+    for (const auto& s : seqs) {
+        if (s.length > 0) rows.emplace_back(s.start, s.start + s.length);
+        if (s.state) states.push_back(s.state);
+    }
+    std::sort(rows.begin(), rows.end());
+    for (std::size_t i = 1; i < rows.size(); ++i)
+        if (rows[i].first < rows[i - 1].second) fail(true);
+    std::sort(states.begin(), states.end());
+    for (std::size_t i = 1; i < states.size(); ++i)
+        if (states[i] < states[i - 1] + state_size) fail(false);
+}
+
+/// Every check of a whole-call entry point (ssd_ref, ssd_chunked, ssd_step).
+template <class T>
+void ssd_check(const ssd_inputs<T>& in, std::span<const ssd_sequence<T>> seqs, tensor_view<T, 3> y, std::string_view who) {
+    ssd_check_inputs(in, who);
+    y.require_shape({in.n_rows(), in.n_heads(), in.head_dim()}, who, "y [R, H, P]");
+    require_unit_inner_stride(y, who, "y [R, H, P]");
+    ssd_check_seqs(seqs, in.n_rows(), in.n_heads() * in.head_dim() * in.d_state(), who);
+    for (const auto& s : seqs) ssd_check_dt_rows(in, s.start, s.length, who);
+}
+
+/// Checks of a stage: the inputs, the layout made for them and (when the stage reads dt) Δ on the chunk rows.
+template <class T>
+void ssd_check_stage(const ssd_inputs<T>& in, const chunk_layout& chunks, bool reads_dt, std::string_view who) {
+    ssd_check_inputs(in, who);
+    chunks.require_rows(in.n_rows(), who, "x");
+    if (reads_dt)
+        for (std::int64_t k = 0; k < chunks.n_chunks(); ++k) ssd_check_dt_rows(in, chunks.row(k), chunks.length(k), who);
+}
+
+/// The sequences handed to a state-passing stage must be those the layout was made from.
+template <class T>
+void ssd_check_layout_seqs(std::span<const ssd_sequence<T>> seqs, const chunk_layout& chunks, std::string_view who) {
+    bool same = static_cast<std::int64_t>(seqs.size()) == chunks.n_seq();
+    for (std::size_t s = 0; same && s < seqs.size(); ++s)
+        same = seqs[s].start == chunks.seq_start(static_cast<std::int64_t>(s)) && seqs[s].length == chunks.seq_length(static_cast<std::int64_t>(s));
+    if (!same)
+        throw shape_error(std::string(who) + ": the sequences differ from those the chunk layout was made from (" +
+                          std::to_string(seqs.size()) + " sequences, layout of " + std::to_string(chunks.n_seq()) + ")");
 }
 
 template <class T>
@@ -141,100 +244,428 @@ inline void ssd_ref(const ssd_inputs<double>& in, const ssd_sequence<double>& se
         }
 }
 
-/// Chunked SSD (spec.md §3.3), fp32, for many sequences at once. Chunk c of a sequence covers its tokens
-/// [cQ, min(len, (c+1)Q)); every sequence starts from its own state. y [R, H, P] receives the rows of every
-/// sequence (other rows are not written). Parallel over (chunk, group) for C·Bᵀ, then over (sequence, head).
-/// Throws shape_error on inconsistent shapes, config_error when chunk < 1.
+// ---------------------------------------------------------------------------------------------------------------
+// The chunked algorithm (spec.md §3.3) as named stages over a chunk_layout (every sequence cut into chunks of at most
+// Q tokens; W = chunks.width() the longest). Each stage has a public fp32 form, parallel over its independent work
+// items through the backend, and an fp64 twin `<stage>_ref` written as plain loops:
+//   ssd_chunk_cumsum   α = Σ_{m≤t} Δ_m A per chunk and head, in fp64             → dA_cumsum  [R, H] (fp64)
+//   ssd_chunk_cb       C·Bᵀ per chunk and B/C group                              → cb         [n_chunks, G, W, W]
+//   ssd_chunk_state    each chunk's final state from its own inputs (zero start) → states     [n_chunks, H, P, N]
+//   ssd_state_passing  H_{c+1} = exp(α_last) H_c + S_c from each sequence's own initial state
+//                                                                                → chunk_init [n_chunks, H, P, N], final state
+//   ssd_chunk_scan     y = (C·Bᵀ ⊙ exp(segsum)) (Δ x) + exp(α) C·H_c + D x         → y          [R, H, P]
+// The cumsum is kept in fp64 because segment sums α_i − α_j are differences of two such sums (one value per token and
+// head, so the cost is nil). ssd_chunked runs ssd_chunk_cb as such and the other four stages' own per-(chunk, head)
+// tile code fused per (sequence, head), so the running state stays in cache; its results equal the composition of the
+// five public stages (up to the order Eigen sums tiny products in, which follows data alignment). A device backend
+// implements the five stages.
+// ---------------------------------------------------------------------------------------------------------------
+
+/// The chunk layout of an SSD call: sequence s of `seqs` in chunks of at most `chunk` tokens.
+/// Throws config_error when chunk < 1, shape_error when a sequence lies outside [0, n_rows).
+template <class T>
+chunk_layout ssd_chunk_layout(std::span<const ssd_sequence<T>> seqs, std::int64_t n_rows, std::int64_t chunk) {
+    std::vector<std::int64_t> starts, lengths;
+    starts.reserve(seqs.size());
+    lengths.reserve(seqs.size());
+    for (const auto& s : seqs) {
+        starts.push_back(s.start);
+        lengths.push_back(s.length);
+    }
+    return chunk_layout(n_rows, chunk, starts, lengths);
+}
+
+namespace detail {
+
+using ssd_row_matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using ssd_cmap = Eigen::Map<const ssd_row_matrix, Eigen::Unaligned, Eigen::OuterStride<>>;
+using ssd_map = Eigen::Map<ssd_row_matrix, Eigen::Unaligned, Eigen::OuterStride<>>;
+
+/// Scratch of one task of the fp32 stages, for chunks of up to W rows.
+struct ssd_scratch {
+    std::vector<double> alpha;                      // [W]    α of the chunk
+    Eigen::VectorXf dtl, decay, to_end, dvec;       // [W]    Δ, exp(α), exp(α_last − α)·Δ; [P] skip coefficients
+    ssd_row_matrix M, Xd, Tmp, Xw;                  // [W, W] [W, P] [W, P] [W, P]
+    ssd_row_matrix Sc, H0;                          // [P, N] chunk state; zero initial state of a stateless sequence
+    ssd_scratch(std::int64_t W, std::int64_t P, std::int64_t N)
+        : alpha(static_cast<std::size_t>(W)), dtl(W), decay(W), to_end(W), dvec(P), M(W, W), Xd(W, P), Tmp(W, P), Xw(W, P),
+          Sc(P, N), H0(P, N) {}
+};
+
+/// Stage ssd_chunk_cumsum, one (chunk, head): α_t = Σ_{m≤t} Δ_m A_h over the L rows from row r, in fp64.
+inline void ssd_cumsum_tile(const ssd_inputs<float>& in, std::int64_t h, std::int64_t r, std::int64_t L, double* alpha) {
+    const double A = in.A[h];
+    double acc = 0;
+    for (std::int64_t t = 0; t < L; ++t) alpha[t] = acc += static_cast<double>(in.dt(r + t, h)) * A;
+}
+
+/// Stage ssd_chunk_cb, one (chunk, group): out [L, L] (row stride ld) = C_chunk · B_chunkᵀ.
+inline void ssd_cb_tile(const ssd_inputs<float>& in, std::int64_t g, std::int64_t r, std::int64_t L, float* out, std::int64_t ld) {
+    const std::int64_t N = in.d_state();
+    const ssd_cmap Cm(&in.C(r, g, 0), L, N, Eigen::OuterStride<>(in.C.strides[0]));
+    const ssd_cmap Bm(&in.B(r, g, 0), L, N, Eigen::OuterStride<>(in.B.strides[0]));
+    ssd_map(out, L, L, Eigen::OuterStride<>(ld)).noalias() = Cm * Bm.transpose();
+}
+
+/// Stage ssd_chunk_state, one (chunk, head): sc [P, N] = Σ_t exp(α_last − α_t) Δ_t x_t B_tᵀ (the chunk's final state
+/// from a zero initial state), one GEMM.
+inline void ssd_chunk_state_tile(const ssd_inputs<float>& in, std::int64_t h, std::int64_t r, std::int64_t L, const double* alpha,
+                                 float* sc, ssd_scratch& w) {
+    const std::int64_t P = in.head_dim(), N = in.d_state(), g = h / (in.n_heads() / in.n_groups());
+    const ssd_cmap Xm(&in.x(r, h, 0), L, P, Eigen::OuterStride<>(in.x.strides[0]));
+    const ssd_cmap Bm(&in.B(r, g, 0), L, N, Eigen::OuterStride<>(in.B.strides[0]));
+    const double a_last = alpha[L - 1];
+    for (std::int64_t t = 0; t < L; ++t) w.to_end[t] = static_cast<float>(std::exp(std::min(a_last - alpha[t], 0.0))) * in.dt(r + t, h);
+    auto Xwb = w.Xw.topRows(L);
+    Xwb.noalias() = w.to_end.head(L).asDiagonal() * Xm;
+    ssd_map(sc, P, N, Eigen::OuterStride<>(N)).noalias() = Xwb.transpose() * Bm;
+}
+
+/// Stage ssd_state_passing, one chunk of one (sequence, head): H ← exp(α_last) H + S_c over the n = P·N entries.
+/// When h_in is given it first receives H, the state entering the chunk; it may alias sc.
+inline void ssd_state_pass_tile(float* hs, const float* sc, float* h_in, std::int64_t n, double a_last) {
+    const float d = static_cast<float>(std::exp(std::min(a_last, 0.0)));
+    if (h_in) {
+        for (std::int64_t i = 0; i < n; ++i) {
+            const float s = sc[i];
+            h_in[i] = hs[i];
+            hs[i] = d * hs[i] + s;
+        }
+    } else {
+        for (std::int64_t i = 0; i < n; ++i) hs[i] = d * hs[i] + sc[i];
+    }
+}
+
+/// Stage ssd_chunk_scan, one (chunk, head): rows r.. r+L−1 of y [R, H, P] for head h from the state h0 [P, N] entering
+/// the chunk and cb [L, L] (row stride ld_cb) of the head's group:
+///   Y = tril(C Bᵀ ⊙ exp(segsum)) (Δ x) + diag(exp α) C h0ᵀ + x diag(D).
+/// Every product is an Eigen GEMM on strided maps; y is written in place.
+template <class Arch>
+void ssd_chunk_scan_tile(const ssd_inputs<float>& in, std::int64_t h, std::int64_t r, std::int64_t L, const float* cb,
+                         std::int64_t ld_cb, const double* alpha, const float* h0, tensor_view<float, 3> y, ssd_scratch& w) {
+    const std::int64_t P = in.head_dim(), N = in.d_state(), g = h / (in.n_heads() / in.n_groups());
+    const ssd_cmap Xm(&in.x(r, h, 0), L, P, Eigen::OuterStride<>(in.x.strides[0]));
+    const ssd_cmap Cm(&in.C(r, g, 0), L, N, Eigen::OuterStride<>(in.C.strides[0]));
+    const ssd_cmap Hm(h0, P, N, Eigen::OuterStride<>(N));
+    ssd_map Ym(&y(r, h, 0), L, P, Eigen::OuterStride<>(y.strides[0]));
+    for (std::int64_t t = 0; t < L; ++t) {
+        w.dtl[t] = in.dt(r + t, h);
+        w.decay[t] = static_cast<float>(std::exp(std::min(alpha[t], 0.0)));
+    }
+    // M = (C Bᵀ) ⊙ exp(segsum), lower triangular.
+    const std::int64_t ldm = w.M.cols();
+    for (std::int64_t t = 0; t < L; ++t) segsum_exp_row<Arch>(alpha, t, L, cb + t * ld_cb, w.M.data() + t * ldm);
+    auto Xb = w.Xd.topRows(L);
+    Xb.noalias() = w.dtl.head(L).asDiagonal() * Xm;
+    // Intra-chunk, then inter-chunk Y_off_t = exp(α_t) · h0 C_t, then the skip D·x.
+    Ym.noalias() = w.M.topLeftCorner(L, L).template triangularView<Eigen::Lower>() * Xb;
+    auto Tb = w.Tmp.topRows(L);
+    Tb.noalias() = Cm * Hm.transpose();
+    Ym.noalias() += w.decay.head(L).asDiagonal() * Tb;
+    if (in.D) {
+        for (std::int64_t p = 0; p < P; ++p) w.dvec[p] = skip_coef(in, h, p);
+        Ym.noalias() += Xm * w.dvec.asDiagonal();
+    }
+}
+
+/// α of chunk k, head h, gathered from dA_cumsum [R, H] into a contiguous buffer.
+template <class T>
+void gather_alpha(tensor_view<const T, 2> dA, const chunk_layout& chunks, std::int64_t k, std::int64_t h, double* alpha) {
+    for (std::int64_t t = 0; t < chunks.length(k); ++t) alpha[t] = dA(chunks.row(k) + t, h);
+}
+
+template <class T>
+void ssd_check_cb(const tensor_view<T, 4>& cb, const ssd_inputs<std::remove_const_t<T>>& in, const chunk_layout& chunks, std::string_view who) {
+    cb.require_shape({chunks.n_chunks(), in.n_groups(), chunks.width(), chunks.width()}, who, "cb [n_chunks, G, W, W]");
+    require_unit_inner_stride(cb, who, "cb [n_chunks, G, W, W]");
+}
+
+template <class T>
+void ssd_check_states(const tensor_view<T, 4>& st, const ssd_inputs<std::remove_const_t<T>>& in, const chunk_layout& chunks,
+                      std::string_view who, std::string_view name) {
+    st.require_shape({chunks.n_chunks(), in.n_heads(), in.head_dim(), in.d_state()}, who, name);
+    require_dense_matrices(st, who, name);
+}
+
+}  // namespace detail
+
+/// Stage 1, fp32 inputs: dA_cumsum [R, H] (fp64) = the inclusive cumsum of Δ·A within each chunk, on the rows of the
+/// layout's chunks (other rows untouched). Parallel over (chunk, head).
+template <cpu_backend_type Backend>
+void ssd_chunk_cumsum(const Backend& be, const ssd_inputs<float>& in, const chunk_layout& chunks,
+                      tensor_view<double, 2> dA_cumsum) {  // [R, H]
+    constexpr std::string_view who = "ssd_chunk_cumsum";
+    detail::ssd_check_stage(in, chunks, true, who);
+    const std::int64_t H = in.n_heads();
+    dA_cumsum.require_shape({in.n_rows(), H}, who, "dA_cumsum [R, H]");
+    be.parallel_for(chunks.n_chunks() * H, 16, [&](std::int64_t i0, std::int64_t i1) {
+        std::vector<double> alpha(static_cast<std::size_t>(chunks.width()));
+        for (std::int64_t i = i0; i < i1; ++i) {
+            const std::int64_t k = i / H, h = i % H, r = chunks.row(k), L = chunks.length(k);
+            detail::ssd_cumsum_tile(in, h, r, L, alpha.data());
+            for (std::int64_t t = 0; t < L; ++t) dA_cumsum(r + t, h) = alpha[static_cast<std::size_t>(t)];
+        }
+    });
+}
+
+/// Stage 2: cb [n_chunks, G, W, W], block (k, g) = C·Bᵀ of chunk k's rows for group g (its length(k) × length(k)
+/// corner; the rest of the block is zero). Shared by the H/G heads of the group. Parallel over (chunk, group).
+template <cpu_backend_type Backend>
+void ssd_chunk_cb(const Backend& be, const ssd_inputs<float>& in, const chunk_layout& chunks,
+                  tensor_view<float, 4> cb) {  // [n_chunks, G, W, W]
+    constexpr std::string_view who = "ssd_chunk_cb";
+    detail::ssd_check_stage(in, chunks, false, who);
+    detail::ssd_check_cb(cb, in, chunks, who);
+    const std::int64_t G = in.n_groups(), W = chunks.width();
+    be.parallel_for(chunks.n_chunks() * G, 1, [&](std::int64_t i0, std::int64_t i1) {
+        for (std::int64_t i = i0; i < i1; ++i) {
+            const std::int64_t k = i / G, g = i % G, L = chunks.length(k);
+            float* blk = &cb(k, g, 0, 0);
+            detail::ssd_cb_tile(in, g, chunks.row(k), L, blk, cb.strides[2]);
+            if (L < W)
+                for (std::int64_t a = 0; a < W; ++a) std::fill(blk + a * cb.strides[2] + (a < L ? L : 0), blk + a * cb.strides[2] + W, 0.f);
+        }
+    });
+}
+
+/// Stage 3: states [n_chunks, H, P, N], (k, h) = Σ_t exp(α_last − α_t) Δ_t x_t B_tᵀ over chunk k: its final state from a
+/// zero initial state. dA_cumsum from stage 1. Parallel over (chunk, head).
+template <cpu_backend_type Backend>
+void ssd_chunk_state(const Backend& be, const ssd_inputs<float>& in, const chunk_layout& chunks,
+                     tensor_view<const double, 2> dA_cumsum,  // [R, H]
+                     tensor_view<float, 4> states) {          // [n_chunks, H, P, N]
+    constexpr std::string_view who = "ssd_chunk_state";
+    detail::ssd_check_stage(in, chunks, true, who);
+    const std::int64_t H = in.n_heads();
+    dA_cumsum.require_shape({in.n_rows(), H}, who, "dA_cumsum [R, H]");
+    detail::ssd_check_states(states, in, chunks, who, "states [n_chunks, H, P, N]");
+    be.parallel_for(chunks.n_chunks() * H, 1, [&](std::int64_t i0, std::int64_t i1) {
+        detail::ssd_scratch w(chunks.width(), in.head_dim(), in.d_state());
+        for (std::int64_t i = i0; i < i1; ++i) {
+            const std::int64_t k = i / H, h = i % H;
+            detail::gather_alpha(dA_cumsum, chunks, k, h, w.alpha.data());
+            detail::ssd_chunk_state_tile(in, h, chunks.row(k), chunks.length(k), w.alpha.data(), &states(k, h, 0, 0), w);
+        }
+    });
+}
+
+/// Stage 4: for each sequence s and head, through its chunks in order from its initial state seqs[s].state [H, P, N]
+/// (null: zeros): chunk_init (k, h) = H (the state entering chunk k), then H ← exp(α_last) H + states (k, h). The final
+/// H is written back to seqs[s].state. `seqs` must be the sequences the layout was made from; chunk_init may be the
+/// same tensor as states (updated in place). Parallel over (sequence, head).
+template <cpu_backend_type Backend>
+void ssd_state_passing(const Backend& be, std::span<const ssd_sequence<float>> seqs, const chunk_layout& chunks,
+                       tensor_view<const double, 2> dA_cumsum,  // [R, H]
+                       tensor_view<const float, 4> states,      // [n_chunks, H, P, N] from ssd_chunk_state
+                       tensor_view<float, 4> chunk_init) {      // [n_chunks, H, P, N]
+    constexpr std::string_view who = "ssd_state_passing";
+    const std::int64_t H = states.dim(1), P = states.dim(2), N = states.dim(3);
+    states.require_shape({chunks.n_chunks(), -1, -1, -1}, who, "states [n_chunks, H, P, N]");
+    detail::require_dense_matrices(states, who, "states [n_chunks, H, P, N]");
+    chunk_init.require_shape({chunks.n_chunks(), H, P, N}, who, "chunk_init [n_chunks, H, P, N]");
+    detail::require_dense_matrices(chunk_init, who, "chunk_init [n_chunks, H, P, N]");
+    dA_cumsum.require_shape({chunks.n_rows(), H}, who, "dA_cumsum [R, H]");
+    detail::ssd_check_layout_seqs(seqs, chunks, who);
+    detail::ssd_check_seqs(seqs, chunks.n_rows(), H * P * N, who);
+    const std::int64_t n_seq = chunks.n_seq();
+    be.parallel_for(n_seq * H, 1, [&](std::int64_t i0, std::int64_t i1) {
+        std::vector<float> zero;
+        for (std::int64_t i = i0; i < i1; ++i) {
+            const std::int64_t s = i / H, h = i % H;
+            if (chunks.first_chunk(s) == chunks.first_chunk(s + 1)) continue;
+            float* hs = seqs[static_cast<std::size_t>(s)].state;
+            if (hs) {
+                hs += h * P * N;
+            } else {
+                zero.assign(static_cast<std::size_t>(P * N), 0.f);
+                hs = zero.data();
+            }
+            for (std::int64_t k = chunks.first_chunk(s); k < chunks.first_chunk(s + 1); ++k)
+                detail::ssd_state_pass_tile(hs, &states(k, h, 0, 0), &chunk_init(k, h, 0, 0), P * N,
+                                            dA_cumsum(chunks.row(k) + chunks.length(k) - 1, h));
+        }
+    });
+}
+
+/// Stage 5: the rows of every chunk of y [R, H, P] (other rows untouched) from cb (stage 2), dA_cumsum (stage 1) and
+/// the state entering each chunk (stage 4): Y = tril(C·Bᵀ ⊙ exp(segsum)) (Δ x) + exp(α) C·H_c + D x.
+/// Parallel over (chunk, head).
+template <cpu_backend_type Backend>
+void ssd_chunk_scan(const Backend& be, const ssd_inputs<float>& in, const chunk_layout& chunks,
+                    tensor_view<const float, 4> cb,          // [n_chunks, G, W, W]
+                    tensor_view<const double, 2> dA_cumsum,  // [R, H]
+                    tensor_view<const float, 4> chunk_init,  // [n_chunks, H, P, N]
+                    tensor_view<float, 3> y) {               // [R, H, P]
+    using Arch = typename Backend::arch;
+    constexpr std::string_view who = "ssd_chunk_scan";
+    detail::ssd_check_stage(in, chunks, true, who);
+    const std::int64_t H = in.n_heads(), G = in.n_groups();
+    detail::ssd_check_cb(cb, in, chunks, who);
+    dA_cumsum.require_shape({in.n_rows(), H}, who, "dA_cumsum [R, H]");
+    detail::ssd_check_states(chunk_init, in, chunks, who, "chunk_init [n_chunks, H, P, N]");
+    y.require_shape({in.n_rows(), H, in.head_dim()}, who, "y [R, H, P]");
+    detail::require_unit_inner_stride(y, who, "y [R, H, P]");
+    be.parallel_for(chunks.n_chunks() * H, 1, [&](std::int64_t i0, std::int64_t i1) {
+        detail::ssd_scratch w(chunks.width(), in.head_dim(), in.d_state());
+        for (std::int64_t i = i0; i < i1; ++i) {
+            const std::int64_t k = i / H, h = i % H, g = h / (H / G);
+            detail::gather_alpha(dA_cumsum, chunks, k, h, w.alpha.data());
+            detail::ssd_chunk_scan_tile<Arch>(in, h, chunks.row(k), chunks.length(k), &cb(k, g, 0, 0), cb.strides[2], w.alpha.data(),
+                                              &chunk_init(k, h, 0, 0), y, w);
+        }
+    });
+}
+
+// ---- fp64 twins of the stages: same arguments (no backend), plain loops -----------------------------------------
+
+/// Twin of ssd_chunk_cumsum.
+inline void ssd_chunk_cumsum_ref(const ssd_inputs<double>& in, const chunk_layout& chunks, tensor_view<double, 2> dA_cumsum) {
+    constexpr std::string_view who = "ssd_chunk_cumsum_ref";
+    detail::ssd_check_stage(in, chunks, true, who);
+    dA_cumsum.require_shape({in.n_rows(), in.n_heads()}, who, "dA_cumsum [R, H]");
+    for (std::int64_t k = 0; k < chunks.n_chunks(); ++k)
+        for (std::int64_t h = 0; h < in.n_heads(); ++h) {
+            double acc = 0;
+            for (std::int64_t t = chunks.row(k); t < chunks.row(k) + chunks.length(k); ++t) {
+                acc += in.dt(t, h) * in.A[h];
+                dA_cumsum(t, h) = acc;
+            }
+        }
+}
+
+/// Twin of ssd_chunk_cb.
+inline void ssd_chunk_cb_ref(const ssd_inputs<double>& in, const chunk_layout& chunks, tensor_view<double, 4> cb) {
+    constexpr std::string_view who = "ssd_chunk_cb_ref";
+    detail::ssd_check_stage(in, chunks, false, who);
+    cb.require_shape({chunks.n_chunks(), in.n_groups(), chunks.width(), chunks.width()}, who, "cb [n_chunks, G, W, W]");
+    for (std::int64_t k = 0; k < chunks.n_chunks(); ++k)
+        for (std::int64_t g = 0; g < in.n_groups(); ++g)
+            for (std::int64_t i = 0; i < chunks.width(); ++i)
+                for (std::int64_t j = 0; j < chunks.width(); ++j) {
+                    double acc = 0;
+                    if (i < chunks.length(k) && j < chunks.length(k))
+                        for (std::int64_t n = 0; n < in.d_state(); ++n) acc += in.C(chunks.row(k) + i, g, n) * in.B(chunks.row(k) + j, g, n);
+                    cb(k, g, i, j) = acc;
+                }
+}
+
+/// Twin of ssd_chunk_state.
+inline void ssd_chunk_state_ref(const ssd_inputs<double>& in, const chunk_layout& chunks, tensor_view<const double, 2> dA_cumsum,
+                                tensor_view<double, 4> states) {
+    constexpr std::string_view who = "ssd_chunk_state_ref";
+    detail::ssd_check_stage(in, chunks, true, who);
+    const std::int64_t H = in.n_heads(), P = in.head_dim(), N = in.d_state(), hpg = H / in.n_groups();
+    dA_cumsum.require_shape({in.n_rows(), H}, who, "dA_cumsum [R, H]");
+    states.require_shape({chunks.n_chunks(), H, P, N}, who, "states [n_chunks, H, P, N]");
+    for (std::int64_t k = 0; k < chunks.n_chunks(); ++k) {
+        const std::int64_t r = chunks.row(k), last = r + chunks.length(k) - 1;
+        for (std::int64_t h = 0; h < H; ++h)
+            for (std::int64_t p = 0; p < P; ++p)
+                for (std::int64_t n = 0; n < N; ++n) {
+                    double acc = 0;
+                    for (std::int64_t t = r; t <= last; ++t)
+                        acc += std::exp(dA_cumsum(last, h) - dA_cumsum(t, h)) * in.dt(t, h) * in.x(t, h, p) * in.B(t, h / hpg, n);
+                    states(k, h, p, n) = acc;
+                }
+    }
+}
+
+/// Twin of ssd_state_passing.
+inline void ssd_state_passing_ref(std::span<const ssd_sequence<double>> seqs, const chunk_layout& chunks,
+                                  tensor_view<const double, 2> dA_cumsum, tensor_view<const double, 4> states,
+                                  tensor_view<double, 4> chunk_init) {
+    constexpr std::string_view who = "ssd_state_passing_ref";
+    const std::int64_t H = states.dim(1), P = states.dim(2), N = states.dim(3);
+    states.require_shape({chunks.n_chunks(), -1, -1, -1}, who, "states [n_chunks, H, P, N]");
+    chunk_init.require_shape({chunks.n_chunks(), H, P, N}, who, "chunk_init [n_chunks, H, P, N]");
+    dA_cumsum.require_shape({chunks.n_rows(), H}, who, "dA_cumsum [R, H]");
+    detail::ssd_check_layout_seqs(seqs, chunks, who);
+    detail::ssd_check_seqs(seqs, chunks.n_rows(), H * P * N, who);
+    std::vector<double> cur(static_cast<std::size_t>(P * N));
+    for (std::int64_t s = 0; s < chunks.n_seq(); ++s)
+        for (std::int64_t h = 0; h < H; ++h) {
+            double* s0 = seqs[static_cast<std::size_t>(s)].state;
+            for (std::int64_t e = 0; e < P * N; ++e) cur[static_cast<std::size_t>(e)] = s0 ? s0[h * P * N + e] : 0.0;
+            for (std::int64_t k = chunks.first_chunk(s); k < chunks.first_chunk(s + 1); ++k) {
+                const double decay = std::exp(dA_cumsum(chunks.row(k) + chunks.length(k) - 1, h));
+                for (std::int64_t p = 0; p < P; ++p)
+                    for (std::int64_t n = 0; n < N; ++n) {
+                        double& c = cur[static_cast<std::size_t>(p * N + n)];
+                        const double sc = states(k, h, p, n);
+                        chunk_init(k, h, p, n) = c;
+                        c = decay * c + sc;
+                    }
+            }
+            if (s0 && chunks.first_chunk(s) < chunks.first_chunk(s + 1)) std::copy(cur.begin(), cur.end(), s0 + h * P * N);
+        }
+}
+
+/// Twin of ssd_chunk_scan. The exponents α_i − α_j (j ≤ i) and α_i are ≤ 0 as Δ ≥ 0 and A ≤ 0 (both checked).
+inline void ssd_chunk_scan_ref(const ssd_inputs<double>& in, const chunk_layout& chunks, tensor_view<const double, 4> cb,
+                               tensor_view<const double, 2> dA_cumsum, tensor_view<const double, 4> chunk_init,
+                               tensor_view<double, 3> y) {
+    constexpr std::string_view who = "ssd_chunk_scan_ref";
+    detail::ssd_check_stage(in, chunks, true, who);
+    const std::int64_t H = in.n_heads(), P = in.head_dim(), N = in.d_state(), hpg = H / in.n_groups();
+    cb.require_shape({chunks.n_chunks(), in.n_groups(), chunks.width(), chunks.width()}, who, "cb [n_chunks, G, W, W]");
+    dA_cumsum.require_shape({in.n_rows(), H}, who, "dA_cumsum [R, H]");
+    chunk_init.require_shape({chunks.n_chunks(), H, P, N}, who, "chunk_init [n_chunks, H, P, N]");
+    y.require_shape({in.n_rows(), H, P}, who, "y [R, H, P]");
+    for (std::int64_t k = 0; k < chunks.n_chunks(); ++k) {
+        const std::int64_t r = chunks.row(k), L = chunks.length(k);
+        for (std::int64_t h = 0; h < H; ++h)
+            for (std::int64_t i = 0; i < L; ++i)
+                for (std::int64_t p = 0; p < P; ++p) {
+                    double intra = 0, inter = 0;
+                    for (std::int64_t j = 0; j <= i; ++j)
+                        intra += cb(k, h / hpg, i, j) * std::exp(dA_cumsum(r + i, h) - dA_cumsum(r + j, h)) * in.dt(r + j, h) * in.x(r + j, h, p);
+                    for (std::int64_t n = 0; n < N; ++n) inter += in.C(r + i, h / hpg, n) * chunk_init(k, h, p, n);
+                    y(r + i, h, p) = intra + std::exp(dA_cumsum(r + i, h)) * inter + detail::skip_coef(in, h, p) * in.x(r + i, h, p);
+                }
+    }
+}
+
+/// Chunked SSD (spec.md §3.3), fp32, for many sequences at once: the composition of the five stages above. Chunk c
+/// of a sequence covers its tokens [cQ, min(len, (c+1)Q)); every sequence starts from its own state. y [R, H, P]
+/// receives the rows of every sequence (other rows are not written). Parallel over (chunk, group) for C·Bᵀ, then
+/// over (sequence, head) for the fused rest. Throws shape_error on inconsistent shapes, strides or overlapping
+/// sequences, value_error on A > 0 or a negative / infinite Δ, config_error when chunk < 1.
 template <cpu_backend_type Backend>
 void ssd_chunked(const Backend& be, const ssd_inputs<float>& in, std::span<const ssd_sequence<float>> seqs,
                  std::int64_t chunk, tensor_view<float, 3> y) {
     using Arch = typename Backend::arch;
-    using RM = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-    using CMap = Eigen::Map<const RM, Eigen::Unaligned, Eigen::OuterStride<>>;
-    using MMap = Eigen::Map<RM, Eigen::Unaligned, Eigen::OuterStride<>>;
     detail::ssd_check(in, seqs, y, "ssd_chunked");
     if (chunk < 1) throw config_error("ssd_chunked: chunk size must be >= 1, found " + std::to_string(chunk));
-    const std::int64_t H = in.n_heads(), P = in.head_dim(), G = in.n_groups(), N = in.d_state();
-    const std::int64_t heads_per_group = H / G;
-    const std::int64_t n_seq = static_cast<std::int64_t>(seqs.size());
-
-    // Chunk table: (row start, length) of every chunk of every sequence; first_chunk[s] indexes it.
-    struct chunk_info {
-        std::int64_t row, len;
-    };
-    std::vector<chunk_info> chunks;
-    std::vector<std::int64_t> first_chunk(static_cast<std::size_t>(n_seq + 1), 0);
-    for (std::int64_t s = 0; s < n_seq; ++s) {
-        first_chunk[s] = static_cast<std::int64_t>(chunks.size());
-        for (std::int64_t c0 = 0; c0 < seqs[s].length; c0 += chunk)
-            chunks.push_back({seqs[s].start + c0, std::min(chunk, seqs[s].length - c0)});
-    }
-    first_chunk[n_seq] = static_cast<std::int64_t>(chunks.size());
-    const std::int64_t n_chunks = first_chunk[n_seq];
+    const chunk_layout chunks = ssd_chunk_layout(seqs, in.n_rows(), chunk);
+    const std::int64_t n_chunks = chunks.n_chunks();
     if (n_chunks == 0) return;
-    const std::int64_t Q = std::min<std::int64_t>(chunk, std::max_element(chunks.begin(), chunks.end(), [](auto a, auto b) {
-                                                        return a.len < b.len;
-                                                    })->len);
+    const std::int64_t H = in.n_heads(), P = in.head_dim(), G = in.n_groups(), N = in.d_state(), W = chunks.width();
+    const std::int64_t n_seq = chunks.n_seq();
 
-    // Stage 1: CB[k, g] = C_chunk · B_chunkᵀ  [L, L], shared by the heads of group g.
-    std::vector<float> cb(static_cast<std::size_t>(n_chunks * G * Q * Q));
-    be.parallel_for(n_chunks * G, 1, [&](std::int64_t i0, std::int64_t i1) {
-        for (std::int64_t i = i0; i < i1; ++i) {
-            const std::int64_t k = i / G, g = i % G, L = chunks[k].len, r = chunks[k].row;
-            CMap Cm(&in.C(r, g, 0), L, N, Eigen::OuterStride<>(in.C.strides[0]));
-            CMap Bm(&in.B(r, g, 0), L, N, Eigen::OuterStride<>(in.B.strides[0]));
-            MMap out(cb.data() + i * Q * Q, L, L, Eigen::OuterStride<>(Q));
-            out.noalias() = Cm * Bm.transpose();
-        }
-    });
+    // Stage ssd_chunk_cb as such: C·Bᵀ of every (chunk, group), shared by the heads of the group.
+    std::vector<float> cb(static_cast<std::size_t>(n_chunks * G * W * W));
+    ssd_chunk_cb(be, in, chunks, tensor_view<float, 4>(cb.data(), {n_chunks, G, W, W}));
 
-    // Stage 2: per (sequence, head), chunks in order: intra-chunk, inter-chunk, state passing. Every product is
-    // an Eigen GEMM on strided maps; y is written in place.
-    using Vec = Eigen::Matrix<float, Eigen::Dynamic, 1>;
+    // Stages cumsum → scan → chunk state → state passing, per (sequence, head) through its chunks in order with the
+    // stages' own tile code; the running state H is the sequence's state slot (read, then overwritten).
     be.parallel_for(n_seq * H, 1, [&](std::int64_t i0, std::int64_t i1) {
-        std::vector<double> alpha(static_cast<std::size_t>(Q));
-        Vec dtl(Q), decay(Q), to_end(Q), Dvec(P);
-        RM M(Q, Q), Xd(Q, P), Xw(Q, P), Tmp(Q, P), local_state(P, N);
+        detail::ssd_scratch w(W, P, N);
         for (std::int64_t i = i0; i < i1; ++i) {
-            const std::int64_t s = i / H, h = i % H, g = h / heads_per_group;
-            if (seqs[s].length == 0) continue;
-            float* state_ptr = seqs[s].state ? seqs[s].state + h * P * N : local_state.data();
-            if (!seqs[s].state) local_state.setZero();
-            MMap Hs(state_ptr, P, N, Eigen::OuterStride<>(N));
-            const double A = in.A[h];
-            for (std::int64_t p = 0; p < P; ++p) Dvec[p] = detail::skip_coef(in, h, p);
-            for (std::int64_t k = first_chunk[s]; k < first_chunk[s + 1]; ++k) {
-                const std::int64_t r = chunks[k].row, L = chunks[k].len;
-                CMap Xm(&in.x(r, h, 0), L, P, Eigen::OuterStride<>(in.x.strides[0]));
-                CMap Bm(&in.B(r, g, 0), L, N, Eigen::OuterStride<>(in.B.strides[0]));
-                CMap Cm(&in.C(r, g, 0), L, N, Eigen::OuterStride<>(in.C.strides[0]));
-                MMap Ym(&y(r, h, 0), L, P, Eigen::OuterStride<>(y.strides[0]));
-                double acc = 0;
-                for (std::int64_t t = 0; t < L; ++t) {
-                    dtl[t] = in.dt(r + t, h);
-                    alpha[t] = acc += static_cast<double>(dtl[t]) * A;
-                }
-                const double a_last = alpha[L - 1];
-                for (std::int64_t t = 0; t < L; ++t) {
-                    decay[t] = static_cast<float>(std::exp(std::min(alpha[t], 0.0)));
-                    to_end[t] = static_cast<float>(std::exp(std::min(a_last - alpha[t], 0.0))) * dtl[t];
-                }
-                // M = (C Bᵀ) ⊙ exp(segsum), lower triangular.
-                const float* cbk = cb.data() + (k * G + g) * Q * Q;
-                for (std::int64_t t = 0; t < L; ++t) detail::segsum_exp_row<Arch>(alpha.data(), t, L, cbk + t * Q, &M(t, 0));
-                auto Xb = Xd.topRows(L);
-                Xb.noalias() = dtl.head(L).asDiagonal() * Xm;
-                // Intra-chunk, then inter-chunk Y_off_t = exp(α_t) · H C_t, then the skip D·x.
-                Ym.noalias() = M.topLeftCorner(L, L).template triangularView<Eigen::Lower>() * Xb;
-                auto Tb = Tmp.topRows(L);
-                Tb.noalias() = Cm * Hs.transpose();
-                Ym.noalias() += decay.head(L).asDiagonal() * Tb;
-                if (in.D) Ym.noalias() += Xm * Dvec.asDiagonal();
-                // State passing: H ← exp(α_last) H + Σ_t exp(α_last − α_t) Δ_t x_t B_tᵀ.
-                auto Xwb = Xw.topRows(L);
-                Xwb.noalias() = to_end.head(L).asDiagonal() * Xm;
-                Hs *= static_cast<float>(std::exp(std::min(a_last, 0.0)));
-                Hs.noalias() += Xwb.transpose() * Bm;
+            const std::int64_t s = i / H, h = i % H, g = h / (H / G);
+            if (chunks.first_chunk(s) == chunks.first_chunk(s + 1)) continue;
+            float* hs = seqs[static_cast<std::size_t>(s)].state;
+            if (hs) {
+                hs += h * P * N;
+            } else {
+                w.H0.setZero();
+                hs = w.H0.data();
+            }
+            for (std::int64_t k = chunks.first_chunk(s); k < chunks.first_chunk(s + 1); ++k) {
+                const std::int64_t r = chunks.row(k), L = chunks.length(k);
+                detail::ssd_cumsum_tile(in, h, r, L, w.alpha.data());
+                detail::ssd_chunk_scan_tile<Arch>(in, h, r, L, cb.data() + (k * G + g) * W * W, W, w.alpha.data(), hs, y, w);
+                detail::ssd_chunk_state_tile(in, h, r, L, w.alpha.data(), w.Sc.data(), w);
+                detail::ssd_state_pass_tile(hs, w.Sc.data(), nullptr, P * N, w.alpha[static_cast<std::size_t>(L - 1)]);
             }
         }
     });

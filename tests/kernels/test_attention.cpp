@@ -324,3 +324,116 @@ TEST_CASE("attention: NaN in a visible key or value propagates (prefill and deco
         }
     }
 }
+
+namespace {
+
+/// Sets key j of every KV head to a −∞ score for every query: channel 0 of the key is −∞ and channel 0 of every
+/// query is made positive (so q·k = −∞, never −∞ + ∞).
+void make_minus_inf_keys(case_data& c, std::int64_t j0, std::int64_t j1) {
+    for (std::int64_t t = 0; t < c.Tq; ++t)
+        for (std::int64_t h = 0; h < c.H; ++h) {
+            float& q0 = c.q[static_cast<std::size_t>((t * c.H + h) * c.dh)];
+            q0 = 0.25f + std::abs(q0);
+        }
+    for (std::int64_t j = j0; j < j1; ++j)
+        for (std::int64_t h = 0; h < c.Hkv; ++h) c.k[static_cast<std::size_t>((j * c.Hkv + h) * c.dh)] = -std::numeric_limits<float>::infinity();
+}
+
+}  // namespace
+
+TEST_CASE("attention: issue case — decode over 512 keys of score -inf then one key of score 10 gives o = v_512, LSE 10") {
+    const cpu_backend be(1);
+    case_data c(1, 513, 1, 1, 4, 11);
+    c.q = {1.f, 1.f, 1.f, 1.f};
+    for (std::int64_t j = 0; j < 512; ++j)
+        for (std::int64_t ch = 0; ch < 4; ++ch) c.k[static_cast<std::size_t>(j * 4 + ch)] = -std::numeric_limits<float>::infinity();
+    for (std::int64_t ch = 0; ch < 4; ++ch) c.k[static_cast<std::size_t>(512 * 4 + ch)] = 5.f;
+    for (int path = 0; path < 2; ++path) {
+        CAPTURE(path);
+        case_data d = c;
+        if (path == 0) run_decode(be, d, {});
+        else run_prefill(be, d, {});
+        for (std::int64_t ch = 0; ch < 4; ++ch) CHECK(d.o[static_cast<std::size_t>(ch)] == c.v[static_cast<std::size_t>(512 * 4 + ch)]);
+        CHECK(d.lse[0] == 10.f);
+    }
+    c.run_ref({});
+    for (std::int64_t ch = 0; ch < 4; ++ch) CHECK(c.od[static_cast<std::size_t>(ch)] == doctest::Approx(c.v[static_cast<std::size_t>(512 * 4 + ch)]));
+    CHECK(c.lsed[0] == doctest::Approx(10.0));
+}
+
+TEST_CASE("attention: blocks, splits and whole rows with no finite score (prefill tiles, decode blocks and splits, merge)") {
+    const float ninf = -std::numeric_limits<float>::infinity();
+    for (int threads : {1, 2}) {
+        const cpu_backend be(threads);
+        CAPTURE(threads);
+        // Decode: -inf ranges placed on 512-key blocks, on whole splits (with 2 threads 5000 keys form 4 splits of
+        // 1250), at the start, in the middle and at the end; then every key -inf.
+        struct range {
+            std::int64_t j0, j1;
+        };
+        const range ranges[] = {{0, 512}, {0, 1250}, {0, 3750}, {1250, 2500}, {600, 4999}, {1, 5000}, {3750, 5000}, {0, 5000}};
+        for (const auto& r : ranges) {
+            for (std::int64_t window : {0, 2600}) {
+                CAPTURE(r.j0);
+                CAPTURE(r.j1);
+                CAPTURE(window);
+                case_data c(1, 5000, 4, 2, 16, 900 + static_cast<std::uint64_t>(r.j0 + r.j1));
+                make_minus_inf_keys(c, r.j0, r.j1);
+                run_decode(be, c, {0.0, window});
+                c.run_ref({0.0, window});
+                for (float x : c.o) REQUIRE(std::isfinite(x));
+                CHECK(test::rel_error(c.o, c.od) < 2e-6);
+                CHECK(c.lse_error() < 1e-6);
+                const bool none_finite = r.j0 == 0 && r.j1 == 5000;
+                const bool none_in_window = window > 0 && r.j0 <= 5000 - window && r.j1 == 5000;
+                if (none_finite || none_in_window) {  // whole row: o = 0, LSE −∞ (spec.md §2)
+                    for (float x : c.o) CHECK(x == 0.f);
+                    for (float x : c.lse) CHECK(x == ninf);
+                } else {
+                    for (float x : c.lse) CHECK(std::isfinite(x));
+                }
+                case_data t = c;  // the tiled path on the same single row
+                run_prefill(be, t, {0.0, window});
+                CHECK(test::rel_error(t.o, c.od) < 2e-6);
+                CHECK(t.lse_error() < 1e-6);
+            }
+        }
+        // Prefill: -inf key ranges covering whole key tiles (64) or parts of them; rows whose visible keys all score
+        // -inf (here rows 0..j1-1 when j0 = 0) return o = 0, LSE −∞.
+        const range pranges[] = {{0, 64}, {0, 100}, {64, 128}, {10, 190}, {130, 200}, {0, 200}};
+        for (const auto& r : pranges) {
+            for (std::int64_t window : {0, 70}) {
+                CAPTURE(r.j0);
+                CAPTURE(r.j1);
+                CAPTURE(window);
+                case_data c(200, 200, 2, 1, 12, 950 + static_cast<std::uint64_t>(r.j0 * 3 + r.j1));
+                make_minus_inf_keys(c, r.j0, r.j1);
+                run_prefill(be, c, {0.0, window});
+                c.run_ref({0.0, window});
+                for (float x : c.o) REQUIRE(std::isfinite(x));
+                CHECK(test::rel_error(c.o, c.od) < 2e-6);
+                CHECK(c.lse_error() < 1e-6);
+                for (std::int64_t t = 0; t < 200; ++t) {
+                    const std::int64_t lo = window > 0 ? std::max<std::int64_t>(0, t - window + 1) : 0;
+                    const bool none = lo >= r.j0 && t < r.j1;
+                    CAPTURE(t);
+                    for (std::int64_t h = 0; h < 2; ++h) CHECK((c.lse[static_cast<std::size_t>(t * 2 + h)] == ninf) == none);
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE("attention: a NaN score inside a block of -inf scores still propagates (decode and prefill)") {
+    const cpu_backend be(2);
+    case_data c(1, 3000, 2, 1, 8, 31);
+    make_minus_inf_keys(c, 0, 1500);
+    c.k[static_cast<std::size_t>(700 * 8 + 1)] = std::numeric_limits<float>::quiet_NaN();
+    case_data d = c;
+    run_decode(be, c, {});
+    run_prefill(be, d, {});
+    for (const auto* r : {&c, &d}) {
+        for (float x : r->o) CHECK(std::isnan(x));
+        for (float x : r->lse) CHECK(std::isnan(x));
+    }
+}

@@ -342,8 +342,11 @@ void decode_group(const attention_problem<float>& p, std::int64_t hk, std::int64
             for (std::int64_t j = 0; j < n; ++j) sbuf[j] = scale * dot<Arch>(q, kb + j * ks, dh);
             const float m_old = row[0];
             const float m_new = std::max(m_old, max_of<Arch>(sbuf, n));
-            const float alpha = m_old == ninf ? 0.f : std::exp(m_old - m_new);  // never exp(−∞ − (−∞))
-            const float sum = exp_scaled_sum<Arch>(sbuf, n, 1.f, m_new);
+            // While no finite score has been seen (m_new = −∞: the block's scores are all −∞), the weights are taken
+            // relative to 0 instead of m_new, so exp(−∞ − (−∞)) is never evaluated: −∞ gives 0, NaN stays NaN.
+            const float ref = m_new == ninf ? 0.f : m_new;
+            const float alpha = m_old == ninf ? 0.f : std::exp(m_old - m_new);
+            const float sum = exp_scaled_sum<Arch>(sbuf, n, 1.f, ref);
             if (alpha != 1.f)
                 for (std::int64_t c = 0; c < dh; ++c) o_acc[c] *= alpha;
             row[1] = row[1] * alpha + sum;
@@ -453,22 +456,25 @@ void attention_decode(const Backend& be, std::span<const attention_problem<float
                     const float ms = P[(items[s].slot + r) * pw];
                     m = (ms > m || std::isnan(ms)) && !std::isnan(m) ? ms : m;  // a NaN split maximum wins
                 }
+                // Splits with no finite score (m_s = −∞, l_s = 0) get weight exp(−∞ − ref) = 0. When no split has a
+                // finite score (m = −∞) the reference is 0, so exp(−∞ − (−∞)) is never evaluated here either.
+                const float ref = m == ninf ? 0.f : m;
                 float* orow = &p.o(0, hk * g + r, 0);
                 std::fill(orow, orow + dh, 0.f);
                 float l = 0.f;
-                if (m != ninf)
-                    for (std::size_t s = first; s < it; ++s) {
-                        const float* row = P + (items[s].slot + r) * pw;
-                        if (row[0] == ninf) continue;  // an empty split contributes nothing
-                        const float f = std::exp(row[0] - m);
-                        l += row[1] * f;
-                        for (std::int64_t c = 0; c < dh; ++c) orow[c] += f * row[2 + c];
-                    }
-                if (l != 0.f) {  // NaN propagates; l == 0 only when no key is visible
+                for (std::size_t s = first; s < it; ++s) {
+                    const float* row = P + (items[s].slot + r) * pw;
+                    const float f = std::exp(row[0] - ref);
+                    l += row[1] * f;
+                    for (std::int64_t c = 0; c < dh; ++c) orow[c] += f * row[2 + c];
+                }
+                if (l != 0.f) {  // NaN propagates
                     const float inv = 1.f / l;
                     for (std::int64_t c = 0; c < dh; ++c) orow[c] *= inv;
+                } else {  // no visible key, or every visible score −∞: o = 0, LSE −∞ (spec.md §2)
+                    std::fill(orow, orow + dh, 0.f);
                 }
-                if (p.lse.data) p.lse(0, hk * g + r) = l != 0.f ? m + std::log(l) : ninf;
+                if (p.lse.data) p.lse(0, hk * g + r) = l != 0.f ? ref + std::log(l) : ninf;
             }
         }
     }

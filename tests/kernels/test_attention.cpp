@@ -437,3 +437,101 @@ TEST_CASE("attention: a NaN score inside a block of -inf scores still propagates
         for (float x : r->lse) CHECK(std::isnan(x));
     }
 }
+
+TEST_CASE("attention: stride rules of every view argument and the parameters are checked, naming the argument") {
+    const cpu_backend be(1);
+    case_data c(4, 4, 2, 1, 8, 3);
+    auto prefill = [&](const attention_problem<float>& p, attention_params prm = {}) {
+        kernels::attention_prefill(be, std::span<const attention_problem<float>>(&p, 1), prm);
+    };
+    auto decode = [&](const attention_problem<float>& p, attention_params prm = {}) {
+        kernels::attention_decode(be, std::span<const attention_problem<float>>(&p, 1), prm);
+    };
+    std::vector<float> buf(1000);
+    SUBCASE("d_h stride of q, k, v, o") {
+        auto p = c.problem();
+        p.q = tensor_view<const float, 3>(buf.data(), {4, 2, 8}, {32, 16, 2});
+        CHECK_THROWS_WITH_AS(prefill(p), doctest::Contains("attention_prefill: q [4, 2, 8] needs unit stride along axis 2"), shape_error);
+        p = c.problem();
+        p.k = tensor_view<const float, 3>(buf.data(), {4, 1, 8}, {1, 8, 4});
+        CHECK_THROWS_WITH_AS(prefill(p), doctest::Contains("attention_prefill: k [4, 1, 8] needs unit stride"), shape_error);
+        p = c.problem();
+        p.v = tensor_view<const float, 3>(buf.data(), {4, 1, 8}, {1, 8, 4});
+        CHECK_THROWS_WITH_AS(prefill(p), doctest::Contains("attention_prefill: v"), shape_error);
+        p = c.problem();
+        p.o = tensor_view<float, 3>(buf.data(), {4, 2, 8}, {1, 4, 8});
+        CHECK_THROWS_WITH_AS(prefill(p), doctest::Contains("attention_prefill: o"), shape_error);
+    }
+    SUBCASE("outputs overlapping themselves or the inputs") {
+        auto p = c.problem();
+        p.o = tensor_view<float, 3>(buf.data(), {4, 2, 8}, {8, 0, 1});  // both heads written to one place
+        CHECK_THROWS_WITH_AS(prefill(p), doctest::Contains("attention_prefill: o [4, 2, 8] is written, but its strides [8, 0, 1] make elements overlap"),
+                             shape_error);
+        p = c.problem();
+        p.o = tensor_view<float, 3>(c.q.data(), {4, 2, 8});  // in place over q: other work items still read q
+        CHECK_THROWS_WITH_AS(prefill(p), doctest::Contains("attention_prefill: o overlaps q"), shape_error);
+        p = c.problem();
+        p.lse = tensor_view<float, 2>(c.o.data() + 3, {4, 2});
+        CHECK_THROWS_WITH_AS(prefill(p), doctest::Contains("attention_prefill: lse overlaps o"), shape_error);
+        p = c.problem();
+        p.lse = tensor_view<float, 2>(buf.data(), {4, 2}, {1, 1});
+        CHECK_THROWS_WITH_AS(prefill(p), doctest::Contains("attention_prefill: lse"), shape_error);
+        case_data d(1, 5, 2, 1, 8, 4);
+        auto pd = d.problem();
+        pd.o = tensor_view<float, 3>(d.v.data(), {1, 2, 8});
+        CHECK_THROWS_WITH_AS(decode(pd), doctest::Contains("attention_decode: o overlaps v"), shape_error);
+    }
+    SUBCASE("parameters and head_dim") {
+        const auto p = c.problem();
+        CHECK_THROWS_WITH_AS(prefill(p, {std::nan(""), 0}), doctest::Contains("attention_prefill: params.scale must be finite"), value_error);
+        CHECK_THROWS_WITH_AS(prefill(p, {0.0, -1}), doctest::Contains("attention_prefill: params.window must be >= 0"), value_error);
+        case_data d(1, 5, 2, 1, 8, 4);
+        CHECK_THROWS_WITH_AS(decode(d.problem(), {INFINITY, 0}), doctest::Contains("attention_decode: params.scale"), value_error);
+        case_data e(2, 2, 1, 1, 0, 4);
+        CHECK_THROWS_WITH_AS(run_prefill(be, e, {}), doctest::Contains("head_dim must be >= 1"), shape_error);
+        std::vector<double> qd(16), od(16);
+        attention_problem<double> pr{tensor_view<const double, 3>(qd.data(), {2, 1, 8}), tensor_view<const double, 3>(qd.data(), {2, 1, 8}),
+                                     tensor_view<const double, 3>(qd.data(), {2, 1, 8}), tensor_view<double, 3>(od.data(), {2, 1, 8}), {}};
+        CHECK_THROWS_WITH_AS(kernels::attention_ref(pr, {0.0, -3}), doctest::Contains("attention_ref: params.window"), value_error);
+    }
+}
+
+TEST_CASE("attention: general token and head strides of q, k, v, o and lse give the contiguous result") {
+    const cpu_backend be(2);
+    for (std::int64_t Tq : {1, 50}) {
+        CAPTURE(Tq);
+        case_data c(Tq, 50, 4, 2, 8, 17);
+        const attention_params prm{};
+        if (Tq == 1) run_decode(be, c, prm);
+        else run_prefill(be, c, prm);
+        // the same problem in strided storage: token-major with padding, heads in reverse order (negative stride)
+        const std::int64_t H = 4, Hkv = 2, dh = 8, pad = 3;
+        std::vector<float> q(static_cast<std::size_t>(Tq * (H * dh + pad))), k(static_cast<std::size_t>(50 * (Hkv * dh + pad))),
+            v(k.size()), o(q.size(), 7.f), lse(static_cast<std::size_t>(H * Tq * 2), 7.f);
+        for (std::int64_t t = 0; t < Tq; ++t)
+            for (std::int64_t h = 0; h < H; ++h)
+                for (std::int64_t ch = 0; ch < dh; ++ch)
+                    q[static_cast<std::size_t>(t * (H * dh + pad) + (H - 1 - h) * dh + ch)] = c.q[static_cast<std::size_t>((t * H + h) * dh + ch)];
+        for (std::int64_t t = 0; t < 50; ++t)
+            for (std::int64_t h = 0; h < Hkv; ++h)
+                for (std::int64_t ch = 0; ch < dh; ++ch) {
+                    const auto src = static_cast<std::size_t>((t * Hkv + h) * dh + ch);
+                    const auto dst = static_cast<std::size_t>(t * (Hkv * dh + pad) + (Hkv - 1 - h) * dh + ch);
+                    k[dst] = c.k[src];
+                    v[dst] = c.v[src];
+                }
+        const std::int64_t qs = H * dh + pad, ks = Hkv * dh + pad;
+        attention_problem<float> p{tensor_view<const float, 3>(q.data() + (H - 1) * dh, {Tq, H, dh}, {qs, -dh, 1}),
+                                   tensor_view<const float, 3>(k.data() + (Hkv - 1) * dh, {50, Hkv, dh}, {ks, -dh, 1}),
+                                   tensor_view<const float, 3>(v.data() + (Hkv - 1) * dh, {50, Hkv, dh}, {ks, -dh, 1}),
+                                   tensor_view<float, 3>(o.data() + (H - 1) * dh, {Tq, H, dh}, {qs, -dh, 1}),
+                                   tensor_view<float, 2>(lse.data(), {Tq, H}, {1, 2 * Tq})};  // head-major, every other slot
+        if (Tq == 1) kernels::attention_decode(be, std::span<const attention_problem<float>>(&p, 1), prm);
+        else kernels::attention_prefill(be, std::span<const attention_problem<float>>(&p, 1), prm);
+        for (std::int64_t t = 0; t < Tq; ++t)
+            for (std::int64_t h = 0; h < H; ++h) {
+                CHECK(p.lse(t, h) == c.lse[static_cast<std::size_t>(t * H + h)]);
+                for (std::int64_t ch = 0; ch < dh; ++ch) CHECK(p.o(t, h, ch) == c.o[static_cast<std::size_t>((t * H + h) * dh + ch)]);
+            }
+    }
+}

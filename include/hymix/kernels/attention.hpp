@@ -240,10 +240,13 @@ void attention_tile_nv(const attention_problem<float>& p, std::int64_t h, std::i
     const std::int64_t hk = h / (H / p.k.dim(1));
     const std::int64_t bq = i1 - i0, off = Tk - Tq;
     auto& sc = attention_scratch::get();
-    grow(sc.q, static_cast<std::size_t>(dh * bqp + W));
-    grow(sc.s, static_cast<std::size_t>(tile_k * bqp + W));
-    grow(sc.o, static_cast<std::size_t>(dh * bqp + W));
-    grow(sc.m, static_cast<std::size_t>(3 * bqp + W));
+    // Each buffer starts at the first 64-byte boundary of its vector: up to 15 floats of slack whatever W is (a
+    // slack of W floats overran the buffers by up to 48 bytes with SSE2 or AVX2 lanes).
+    constexpr std::int64_t slack = 64 / sizeof(float) - 1;
+    grow(sc.q, static_cast<std::size_t>(dh * bqp + slack));
+    grow(sc.s, static_cast<std::size_t>(tile_k * bqp + slack));
+    grow(sc.o, static_cast<std::size_t>(dh * bqp + slack));
+    grow(sc.m, static_cast<std::size_t>(3 * bqp + slack));
     auto align = [](float* ptr) {
         const auto a = reinterpret_cast<std::uintptr_t>(ptr);
         return reinterpret_cast<float*>((a + 63) / 64 * 64);

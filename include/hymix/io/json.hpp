@@ -437,7 +437,11 @@ public:
         throw config_error(origin_ + ": " + describe(key, fallback_text) + ": " + std::string(what));
     }
 
-    /// Integer key that must be > 0 (required, or `fallback` when absent).
+    /// Largest size a config key may give (2^24): products of two or three sizes (d_inner, q_proj rows, tensor
+    /// element counts) then stay far inside int64.
+    static constexpr std::int64_t max_size = std::int64_t{1} << 24;
+
+    /// Integer key that must be > 0 and <= max_size (required, or `fallback` when absent).
     std::int64_t positive(std::string_view key) const { return check_positive(key, require<std::int64_t>(key), {}); }
     std::int64_t positive(std::string_view key, std::int64_t fallback) const {
         return check_positive(key, get<std::int64_t>(key, fallback), std::to_string(fallback));
@@ -453,6 +457,7 @@ public:
 private:
     std::int64_t check_positive(std::string_view key, std::int64_t v, const std::string& fallback_text) const {
         if (v <= 0) fail(key, "must be > 0", fallback_text);
+        if (v > max_size) fail(key, "must be <= " + std::to_string(max_size) + " (products of sizes must not overflow)", fallback_text);
         return v;
     }
 

@@ -101,7 +101,8 @@ public:
         if (!weights_.contains(name))
             throw format_error("checkpoint '" + weights_name_ + "': missing tensor '" + name + "' (expected shape " +
                                shape_string(want) + ")");
-        const auto& info = weights_.info(name);
+        const std::string_view key(name);  // a named view: a reference through a temporary argument trips GCC 13
+        const auto& info = weights_.info(key);
         bool ok = info.shape.size() == shape.size();
         for (std::size_t i = 0; ok && i < shape.size(); ++i) ok = want[i] < 0 || want[i] == info.shape[i];
         if (!ok) {

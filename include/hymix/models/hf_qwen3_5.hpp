@@ -148,8 +148,8 @@ inline hf_qwen3_5_config read_hf_qwen3_5_config(const io::json& top_json, const 
 /// What decides layer i's kind, for messages: "key 'layer_types'[2] = \"full_attention\"", or the interval rule.
 inline std::string qwen3_5_kind_source(const io::config_keys& j, std::int64_t i) {
     if (j.has("layer_types")) {
-        const auto& lt = j.value().at("layer_types");
-        return "key '" + j.path("layer_types") + "[" + std::to_string(i) + "]' = " + io::json_text(lt.at(static_cast<std::size_t>(i)));
+        const auto it = j.value().find("layer_types");
+        return "key '" + j.path("layer_types") + "[" + std::to_string(i) + "]' = " + io::json_text(it->at(static_cast<std::size_t>(i)));
     }
     return "key '" + j.path("layer_types") + "' is absent, so " + j.describe("full_attention_interval", "4") + " makes layer " +
            std::to_string(i) + " " + ((i + 1) % j.get<std::int64_t>("full_attention_interval", 4) == 0 ? "full_attention" : "linear_attention");

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # README's test command (and CI's): installs the Debian 12 dependencies, then
-#   1. builds the release preset (tests, benchmarks, examples) and runs its tests with ctest;
+#   1. builds the release preset (tests, benchmarks, examples) with warnings as errors (-DHYMIX_WERROR=ON) and runs
+#      its tests with ctest;
 #   2. builds the sanitize preset (AddressSanitizer + UndefinedBehaviorSanitizer) and runs its tests;
 #   3. builds the libFuzzer targets with clang and runs each for FUZZ_SECONDS (default 60) via tests/fuzz/run.sh.
 # Exits non-zero if any stage fails; every stage runs, and a summary is printed at the end.
@@ -29,8 +30,9 @@ run_stage() {
 
 scripts/install-deps.sh || exit 1
 
+# CI builds treat warnings as errors (HYMIX_WERROR); a user's build of the presets does not.
 for p in release sanitize; do
-    if run_stage "$p: configure" preset_configure "$p"; then
+    if run_stage "$p: configure" preset_configure "$p" -DHYMIX_WERROR=ON; then
         run_stage "$p: build" preset_build "$p"
         run_stage "$p: ctest" preset_test "$p"
     fi
@@ -48,7 +50,7 @@ fuzz() {
     local dir
     dir=$(dirname "$(preset_dir release)")/fuzz
     cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
-        -DHYMIX_BUILD_FUZZERS=ON -DHYMIX_BUILD_BENCHMARKS=OFF -DHYMIX_BUILD_EXAMPLES=OFF &&
+        -DHYMIX_BUILD_FUZZERS=ON -DHYMIX_BUILD_BENCHMARKS=OFF -DHYMIX_BUILD_EXAMPLES=OFF -DHYMIX_WERROR=ON &&
         cmake --build "$dir" -j"$JOBS" --target fuzz_safetensors fuzz_config &&
         bash tests/fuzz/run.sh "$dir" "$FUZZ_SECONDS"
 }

@@ -141,7 +141,7 @@ int main(int argc, char** argv) try {
     if (cmd == "logits" && argc == 5) {
         const hymix::safetensors::file ref(argv[2]), ours(argv[3]);
         const auto a = ours.to_f32("logits");
-        const auto& ri = ref.info("logits");
+        const auto ri = ref.info("logits");  // a copy: GCC 13 flags a reference bound through a temporary argument
         if (ri.shape != a.shape()) return fail("logits shape " + hymix::shape_string(a.shape()) + " != reference " + hymix::shape_string(ri.shape));
         const auto r = ri.type == hymix::dtype::f64 ? ref.to_tensor<double>("logits") : hymix::tensor<double>();
         const auto rf = ri.type == hymix::dtype::f64 ? hymix::tensor<float>() : ref.to_f32("logits");

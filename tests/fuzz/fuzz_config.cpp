@@ -1,6 +1,6 @@
 // libFuzzer entry point for the config.json reader: any byte string is parsed as a Hugging Face config
-// (non-standard float tokens included) and every top-level key is read with each typed accessor. Only
-// hymix::error may escape the reader.
+// (non-standard float tokens included), every top-level key is read with each typed accessor, and the object is
+// read by the HF Mamba-2 and Qwen3.5 config readers. Only hymix::error may escape the readers.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "hymix/io/json.hpp"
+#include "hymix/models/hf_mamba2.hpp"
+#include "hymix/models/hf_qwen3_5.hpp"
 
 namespace {
 
@@ -54,6 +56,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             } catch (const hymix::config_error&) {
             }
             (void)hymix::io::has(j, key);
+        }
+        // The model config readers (io::config_keys): any object, read as each family it could be; bad values must
+        // come out as hymix errors (config_error naming the key), never as another exception or undefined behaviour.
+        for (const char* mt : {"", "mamba2", "qwen3_5_text", "qwen3_5"}) {
+            auto k = j;
+            if (*mt) k["model_type"] = mt;
+            try {
+                (void)hymix::models::read_hf_mamba2_config(k, "fuzz.json");
+            } catch (const hymix::error&) {
+            }
+            try {
+                (void)hymix::models::read_hf_qwen3_5_config(k, "fuzz.json");
+            } catch (const hymix::error&) {
+            }
         }
     } catch (const hymix::error&) {
     }

@@ -297,6 +297,31 @@ TEST_CASE("attention: an AVX2 backend (8 lanes: other tile shapes) agrees with t
     }
 }
 
+TEST_CASE("attention: the SSE2 backend (4 lanes, the baseline of a build without -march) agrees with the reference") {
+    // Its tile scratch needs the most alignment slack relative to its lane count (a 64-byte-aligned start inside a
+    // buffer sized for 4-lane slack overran it; the sanitize preset reports any overrun).
+    using sse2_backend = basic_cpu_backend<xsimd::sse2>;
+    if constexpr (xsimd::sse2::supported()) {
+        const sse2_backend be(2);
+        for (std::int64_t Tq : {1, 5, 16, 45}) {
+            CAPTURE(Tq);
+            case_data c(Tq, 300, 4, 2, 20, 71 + static_cast<std::uint64_t>(Tq));
+            const auto p = c.problem();
+            kernels::attention_prefill(be, std::span<const attention_problem<float>>(&p, 1), {0.0, 100});
+            c.run_ref({0.0, 100});
+            CHECK(test::rel_error(c.o, c.od) < 2e-6);
+            CHECK(c.lse_error() < 1e-6);
+        }
+        case_data d(1, 3000, 4, 1, 24, 72);
+        const auto pd = d.problem();
+        kernels::attention_decode(be, std::span<const attention_problem<float>>(&pd, 1), {});
+        d.run_ref({});
+        CHECK(test::rel_error(d.o, d.od) < 2e-6);
+    } else {
+        MESSAGE("SKIPPED: this build has no SSE2");
+    }
+}
+
 TEST_CASE("attention: NaN in a visible key or value propagates (prefill and decode); a NaN key stays invisible to earlier rows") {
     const cpu_backend be(2);
     const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -322,5 +347,216 @@ TEST_CASE("attention: NaN in a visible key or value propagates (prefill and deco
             CHECK(std::isnan(d.o[3]));
             CHECK(std::isnan(d.o[16 + 3]));
         }
+    }
+}
+
+namespace {
+
+/// Sets key j of every KV head to a −∞ score for every query: channel 0 of the key is −∞ and channel 0 of every
+/// query is made positive (so q·k = −∞, never −∞ + ∞).
+void make_minus_inf_keys(case_data& c, std::int64_t j0, std::int64_t j1) {
+    for (std::int64_t t = 0; t < c.Tq; ++t)
+        for (std::int64_t h = 0; h < c.H; ++h) {
+            float& q0 = c.q[static_cast<std::size_t>((t * c.H + h) * c.dh)];
+            q0 = 0.25f + std::abs(q0);
+        }
+    for (std::int64_t j = j0; j < j1; ++j)
+        for (std::int64_t h = 0; h < c.Hkv; ++h) c.k[static_cast<std::size_t>((j * c.Hkv + h) * c.dh)] = -std::numeric_limits<float>::infinity();
+}
+
+}  // namespace
+
+TEST_CASE("attention: issue case — decode over 512 keys of score -inf then one key of score 10 gives o = v_512, LSE 10") {
+    const cpu_backend be(1);
+    case_data c(1, 513, 1, 1, 4, 11);
+    c.q = {1.f, 1.f, 1.f, 1.f};
+    for (std::int64_t j = 0; j < 512; ++j)
+        for (std::int64_t ch = 0; ch < 4; ++ch) c.k[static_cast<std::size_t>(j * 4 + ch)] = -std::numeric_limits<float>::infinity();
+    for (std::int64_t ch = 0; ch < 4; ++ch) c.k[static_cast<std::size_t>(512 * 4 + ch)] = 5.f;
+    for (int path = 0; path < 2; ++path) {
+        CAPTURE(path);
+        case_data d = c;
+        if (path == 0) run_decode(be, d, {});
+        else run_prefill(be, d, {});
+        for (std::int64_t ch = 0; ch < 4; ++ch) CHECK(d.o[static_cast<std::size_t>(ch)] == c.v[static_cast<std::size_t>(512 * 4 + ch)]);
+        CHECK(d.lse[0] == 10.f);
+    }
+    c.run_ref({});
+    for (std::int64_t ch = 0; ch < 4; ++ch) CHECK(c.od[static_cast<std::size_t>(ch)] == doctest::Approx(c.v[static_cast<std::size_t>(512 * 4 + ch)]));
+    CHECK(c.lsed[0] == doctest::Approx(10.0));
+}
+
+TEST_CASE("attention: blocks, splits and whole rows with no finite score (prefill tiles, decode blocks and splits, merge)") {
+    const float ninf = -std::numeric_limits<float>::infinity();
+    for (int threads : {1, 2}) {
+        const cpu_backend be(threads);
+        CAPTURE(threads);
+        // Decode: -inf ranges placed on 512-key blocks, on whole splits (with 2 threads 5000 keys form 4 splits of
+        // 1250), at the start, in the middle and at the end; then every key -inf.
+        struct range {
+            std::int64_t j0, j1;
+        };
+        const range ranges[] = {{0, 512}, {0, 1250}, {0, 3750}, {1250, 2500}, {600, 4999}, {1, 5000}, {3750, 5000}, {0, 5000}};
+        for (const auto& r : ranges) {
+            for (std::int64_t window : {0, 2600}) {
+                CAPTURE(r.j0);
+                CAPTURE(r.j1);
+                CAPTURE(window);
+                case_data c(1, 5000, 4, 2, 16, 900 + static_cast<std::uint64_t>(r.j0 + r.j1));
+                make_minus_inf_keys(c, r.j0, r.j1);
+                run_decode(be, c, {0.0, window});
+                c.run_ref({0.0, window});
+                for (float x : c.o) REQUIRE(std::isfinite(x));
+                CHECK(test::rel_error(c.o, c.od) < 2e-6);
+                CHECK(c.lse_error() < 1e-6);
+                const bool none_finite = r.j0 == 0 && r.j1 == 5000;
+                const bool none_in_window = window > 0 && r.j0 <= 5000 - window && r.j1 == 5000;
+                if (none_finite || none_in_window) {  // whole row: o = 0, LSE −∞ (spec.md §2)
+                    for (float x : c.o) CHECK(x == 0.f);
+                    for (float x : c.lse) CHECK(x == ninf);
+                } else {
+                    for (float x : c.lse) CHECK(std::isfinite(x));
+                }
+                case_data t = c;  // the tiled path on the same single row
+                run_prefill(be, t, {0.0, window});
+                CHECK(test::rel_error(t.o, c.od) < 2e-6);
+                CHECK(t.lse_error() < 1e-6);
+            }
+        }
+        // Prefill: -inf key ranges covering whole key tiles (64) or parts of them; rows whose visible keys all score
+        // -inf (here rows 0..j1-1 when j0 = 0) return o = 0, LSE −∞.
+        const range pranges[] = {{0, 64}, {0, 100}, {64, 128}, {10, 190}, {130, 200}, {0, 200}};
+        for (const auto& r : pranges) {
+            for (std::int64_t window : {0, 70}) {
+                CAPTURE(r.j0);
+                CAPTURE(r.j1);
+                CAPTURE(window);
+                case_data c(200, 200, 2, 1, 12, 950 + static_cast<std::uint64_t>(r.j0 * 3 + r.j1));
+                make_minus_inf_keys(c, r.j0, r.j1);
+                run_prefill(be, c, {0.0, window});
+                c.run_ref({0.0, window});
+                for (float x : c.o) REQUIRE(std::isfinite(x));
+                CHECK(test::rel_error(c.o, c.od) < 2e-6);
+                CHECK(c.lse_error() < 1e-6);
+                for (std::int64_t t = 0; t < 200; ++t) {
+                    const std::int64_t lo = window > 0 ? std::max<std::int64_t>(0, t - window + 1) : 0;
+                    const bool none = lo >= r.j0 && t < r.j1;
+                    CAPTURE(t);
+                    for (std::int64_t h = 0; h < 2; ++h) CHECK((c.lse[static_cast<std::size_t>(t * 2 + h)] == ninf) == none);
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE("attention: a NaN score inside a block of -inf scores still propagates (decode and prefill)") {
+    const cpu_backend be(2);
+    case_data c(1, 3000, 2, 1, 8, 31);
+    make_minus_inf_keys(c, 0, 1500);
+    c.k[static_cast<std::size_t>(700 * 8 + 1)] = std::numeric_limits<float>::quiet_NaN();
+    case_data d = c;
+    run_decode(be, c, {});
+    run_prefill(be, d, {});
+    for (const auto* r : {&c, &d}) {
+        for (float x : r->o) CHECK(std::isnan(x));
+        for (float x : r->lse) CHECK(std::isnan(x));
+    }
+}
+
+TEST_CASE("attention: stride rules of every view argument and the parameters are checked, naming the argument") {
+    const cpu_backend be(1);
+    case_data c(4, 4, 2, 1, 8, 3);
+    auto prefill = [&](const attention_problem<float>& p, attention_params prm = {}) {
+        kernels::attention_prefill(be, std::span<const attention_problem<float>>(&p, 1), prm);
+    };
+    auto decode = [&](const attention_problem<float>& p, attention_params prm = {}) {
+        kernels::attention_decode(be, std::span<const attention_problem<float>>(&p, 1), prm);
+    };
+    std::vector<float> buf(1000);
+    SUBCASE("d_h stride of q, k, v, o") {
+        auto p = c.problem();
+        p.q = tensor_view<const float, 3>(buf.data(), {4, 2, 8}, {32, 16, 2});
+        CHECK_THROWS_WITH_AS(prefill(p), doctest::Contains("attention_prefill: q [4, 2, 8] needs unit stride along axis 2"), shape_error);
+        p = c.problem();
+        p.k = tensor_view<const float, 3>(buf.data(), {4, 1, 8}, {1, 8, 4});
+        CHECK_THROWS_WITH_AS(prefill(p), doctest::Contains("attention_prefill: k [4, 1, 8] needs unit stride"), shape_error);
+        p = c.problem();
+        p.v = tensor_view<const float, 3>(buf.data(), {4, 1, 8}, {1, 8, 4});
+        CHECK_THROWS_WITH_AS(prefill(p), doctest::Contains("attention_prefill: v"), shape_error);
+        p = c.problem();
+        p.o = tensor_view<float, 3>(buf.data(), {4, 2, 8}, {1, 4, 8});
+        CHECK_THROWS_WITH_AS(prefill(p), doctest::Contains("attention_prefill: o"), shape_error);
+    }
+    SUBCASE("outputs overlapping themselves or the inputs") {
+        auto p = c.problem();
+        p.o = tensor_view<float, 3>(buf.data(), {4, 2, 8}, {8, 0, 1});  // both heads written to one place
+        CHECK_THROWS_WITH_AS(prefill(p), doctest::Contains("attention_prefill: o [4, 2, 8] is written, but its strides [8, 0, 1] make elements overlap"),
+                             shape_error);
+        p = c.problem();
+        p.o = tensor_view<float, 3>(c.q.data(), {4, 2, 8});  // in place over q: other work items still read q
+        CHECK_THROWS_WITH_AS(prefill(p), doctest::Contains("attention_prefill: o overlaps q"), shape_error);
+        p = c.problem();
+        p.lse = tensor_view<float, 2>(c.o.data() + 3, {4, 2});
+        CHECK_THROWS_WITH_AS(prefill(p), doctest::Contains("attention_prefill: lse overlaps o"), shape_error);
+        p = c.problem();
+        p.lse = tensor_view<float, 2>(buf.data(), {4, 2}, {1, 1});
+        CHECK_THROWS_WITH_AS(prefill(p), doctest::Contains("attention_prefill: lse"), shape_error);
+        case_data d(1, 5, 2, 1, 8, 4);
+        auto pd = d.problem();
+        pd.o = tensor_view<float, 3>(d.v.data(), {1, 2, 8});
+        CHECK_THROWS_WITH_AS(decode(pd), doctest::Contains("attention_decode: o overlaps v"), shape_error);
+    }
+    SUBCASE("parameters and head_dim") {
+        const auto p = c.problem();
+        CHECK_THROWS_WITH_AS(prefill(p, {std::nan(""), 0}), doctest::Contains("attention_prefill: params.scale must be finite"), value_error);
+        CHECK_THROWS_WITH_AS(prefill(p, {0.0, -1}), doctest::Contains("attention_prefill: params.window must be >= 0"), value_error);
+        case_data d(1, 5, 2, 1, 8, 4);
+        CHECK_THROWS_WITH_AS(decode(d.problem(), {INFINITY, 0}), doctest::Contains("attention_decode: params.scale"), value_error);
+        case_data e(2, 2, 1, 1, 0, 4);
+        CHECK_THROWS_WITH_AS(run_prefill(be, e, {}), doctest::Contains("head_dim must be >= 1"), shape_error);
+        std::vector<double> qd(16), od(16);
+        attention_problem<double> pr{tensor_view<const double, 3>(qd.data(), {2, 1, 8}), tensor_view<const double, 3>(qd.data(), {2, 1, 8}),
+                                     tensor_view<const double, 3>(qd.data(), {2, 1, 8}), tensor_view<double, 3>(od.data(), {2, 1, 8}), {}};
+        CHECK_THROWS_WITH_AS(kernels::attention_ref(pr, {0.0, -3}), doctest::Contains("attention_ref: params.window"), value_error);
+    }
+}
+
+TEST_CASE("attention: general token and head strides of q, k, v, o and lse give the contiguous result") {
+    const cpu_backend be(2);
+    for (std::int64_t Tq : {1, 50}) {
+        CAPTURE(Tq);
+        case_data c(Tq, 50, 4, 2, 8, 17);
+        const attention_params prm{};
+        if (Tq == 1) run_decode(be, c, prm);
+        else run_prefill(be, c, prm);
+        // the same problem in strided storage: token-major with padding, heads in reverse order (negative stride)
+        const std::int64_t H = 4, Hkv = 2, dh = 8, pad = 3;
+        std::vector<float> q(static_cast<std::size_t>(Tq * (H * dh + pad))), k(static_cast<std::size_t>(50 * (Hkv * dh + pad))),
+            v(k.size()), o(q.size(), 7.f), lse(static_cast<std::size_t>(H * Tq * 2), 7.f);
+        for (std::int64_t t = 0; t < Tq; ++t)
+            for (std::int64_t h = 0; h < H; ++h)
+                for (std::int64_t ch = 0; ch < dh; ++ch)
+                    q[static_cast<std::size_t>(t * (H * dh + pad) + (H - 1 - h) * dh + ch)] = c.q[static_cast<std::size_t>((t * H + h) * dh + ch)];
+        for (std::int64_t t = 0; t < 50; ++t)
+            for (std::int64_t h = 0; h < Hkv; ++h)
+                for (std::int64_t ch = 0; ch < dh; ++ch) {
+                    const auto src = static_cast<std::size_t>((t * Hkv + h) * dh + ch);
+                    const auto dst = static_cast<std::size_t>(t * (Hkv * dh + pad) + (Hkv - 1 - h) * dh + ch);
+                    k[dst] = c.k[src];
+                    v[dst] = c.v[src];
+                }
+        const std::int64_t qs = H * dh + pad, ks = Hkv * dh + pad;
+        attention_problem<float> p{tensor_view<const float, 3>(q.data() + (H - 1) * dh, {Tq, H, dh}, {qs, -dh, 1}),
+                                   tensor_view<const float, 3>(k.data() + (Hkv - 1) * dh, {50, Hkv, dh}, {ks, -dh, 1}),
+                                   tensor_view<const float, 3>(v.data() + (Hkv - 1) * dh, {50, Hkv, dh}, {ks, -dh, 1}),
+                                   tensor_view<float, 3>(o.data() + (H - 1) * dh, {Tq, H, dh}, {qs, -dh, 1}),
+                                   tensor_view<float, 2>(lse.data(), {Tq, H}, {1, 2 * Tq})};  // head-major, every other slot
+        if (Tq == 1) kernels::attention_decode(be, std::span<const attention_problem<float>>(&p, 1), prm);
+        else kernels::attention_prefill(be, std::span<const attention_problem<float>>(&p, 1), prm);
+        for (std::int64_t t = 0; t < Tq; ++t)
+            for (std::int64_t h = 0; h < H; ++h) {
+                CHECK(p.lse(t, h) == c.lse[static_cast<std::size_t>(t * H + h)]);
+                for (std::int64_t ch = 0; ch < dh; ++ch) CHECK(p.o(t, h, ch) == c.o[static_cast<std::size_t>((t * H + h) * dh + ch)]);
+            }
     }
 }

@@ -155,3 +155,86 @@ TEST_CASE("conv1d: bad shapes throw") {
                                                   tensor_view<float, 2>(y.data(), {3, 4})),
                     shape_error);
 }
+
+TEST_CASE("conv1d: every view argument's stride rules are checked (shape_error naming it) or general strides work") {
+    const std::int64_t C = 5, K = 4, T = 7, S = K - 1;
+    const auto x = uniform(std::size_t(T * C), -1.f, 1.f, 40);
+    const auto w = uniform(std::size_t(C * K), -1.f, 1.f, 41);
+    const auto b = uniform(std::size_t(C), -1.f, 1.f, 42);
+    const auto s0 = uniform(std::size_t(C * S), -1.f, 1.f, 43);
+    const tensor_view<const float, 2> xv(x.data(), {T, C}), wv(w.data(), {C, K});
+    auto s_ref = s0;
+    const auto y_ref = conv(x, T, C, w, K, b.data(), s_ref.data(), kernels::conv_activation::silu);
+    std::vector<float> y(std::size_t(T * C));
+    const tensor_view<float, 2> yv(y.data(), {T, C});
+    auto call = [&](tensor_view<const float, 2> xa, tensor_view<const float, 2> wa, const float* ba, tensor_view<float, 2> st,
+                    tensor_view<float, 2> out) {
+        kernels::causal_conv1d<float>(xa, wa, ba, st, kernels::conv_activation::silu, out);
+    };
+
+    SUBCASE("the issue's case: a column-major x (inner stride != 1) is rejected, not computed wrongly") {
+        std::vector<float> xt(std::size_t(T * C));  // x stored [C, T]
+        for (std::int64_t t = 0; t < T; ++t)
+            for (std::int64_t c = 0; c < C; ++c) xt[std::size_t(c * T + t)] = x[std::size_t(t * C + c)];
+        auto s = s0;
+        CHECK_THROWS_WITH_AS(call(tensor_view<const float, 2>(xt.data(), {T, C}, {1, T}), wv, b.data(),
+                                  tensor_view<float, 2>(s.data(), {C, S}), yv),
+                             doctest::Contains("causal_conv1d: x [7, 5] needs unit stride along axis 1"), shape_error);
+        CHECK(s == s0);  // nothing was touched
+    }
+    SUBCASE("output: column-major, overlapping rows, overlapping the weight, the bias or the state") {
+        auto s = s0;
+        const tensor_view<float, 2> sv(s.data(), {C, S});
+        std::vector<float> big(200);
+        CHECK_THROWS_WITH_AS(call(xv, wv, b.data(), sv, tensor_view<float, 2>(big.data(), {T, C}, {1, T})),
+                             doctest::Contains("causal_conv1d: output"), shape_error);
+        CHECK_THROWS_WITH_AS(call(xv, wv, b.data(), sv, tensor_view<float, 2>(big.data(), {T, C}, {C - 1, 1})),
+                             doctest::Contains("causal_conv1d: output [7, 5] is written, but its strides [4, 1] make elements overlap"),
+                             shape_error);
+        CHECK_THROWS_WITH_AS(call(xv, wv, b.data(), sv, tensor_view<float, 2>(big.data(), {T, C}, {0, 1})),
+                             doctest::Contains("overlap"), shape_error);
+        std::vector<float> wb(std::size_t(T * C) + 40), bb(std::size_t(T * C) + 40);
+        std::copy(w.begin(), w.end(), wb.begin() + 2);
+        std::copy(b.begin(), b.end(), bb.begin() + 2);
+        CHECK_THROWS_WITH_AS(call(xv, tensor_view<const float, 2>(wb.data() + 2, {C, K}), b.data(), sv, tensor_view<float, 2>(wb.data() + 10, {T, C})),
+                             doctest::Contains("causal_conv1d: output overlaps weight"), shape_error);
+        CHECK_THROWS_WITH_AS(call(xv, wv, bb.data() + 2, sv, tensor_view<float, 2>(bb.data(), {T, C})),
+                             doctest::Contains("causal_conv1d: output overlaps bias"), shape_error);
+        std::vector<float> sb(std::size_t(T * C) + 40);
+        CHECK_THROWS_WITH_AS(call(xv, wv, b.data(), tensor_view<float, 2>(sb.data(), {C, S}), tensor_view<float, 2>(sb.data() + 5, {T, C})),
+                             doctest::Contains("causal_conv1d: output overlaps state"), shape_error);
+    }
+    SUBCASE("state: wrong shape or overlapping itself") {
+        auto s = s0;
+        CHECK_THROWS_WITH_AS(call(xv, wv, b.data(), tensor_view<float, 2>(s.data(), {C, K}), yv),
+                             doctest::Contains("causal_conv1d: state: expected shape [5, 3], found [5, 4]"), shape_error);
+        CHECK_THROWS_WITH_AS(call(xv, wv, b.data(), tensor_view<float, 2>(s.data(), {C, S}, {1, 1}), yv),
+                             doctest::Contains("causal_conv1d: state"), shape_error);
+    }
+    SUBCASE("general strides of the weight and the state give the contiguous result") {
+        std::vector<float> wt(std::size_t(K * C)), st(std::size_t(S * C));  // both stored transposed
+        for (std::int64_t c = 0; c < C; ++c) {
+            for (std::int64_t j = 0; j < K; ++j) wt[std::size_t(j * C + c)] = w[std::size_t(c * K + j)];
+            for (std::int64_t j = 0; j < S; ++j) st[std::size_t(j * C + c)] = s0[std::size_t(c * S + j)];
+        }
+        call(xv, tensor_view<const float, 2>(wt.data(), {C, K}, {1, C}), b.data(), tensor_view<float, 2>(st.data(), {C, S}, {1, C}), yv);
+        CHECK(y == y_ref);
+        for (std::int64_t c = 0; c < C; ++c)
+            for (std::int64_t j = 0; j < S; ++j) CHECK(st[std::size_t(j * C + c)] == s_ref[std::size_t(c * S + j)]);
+    }
+    SUBCASE("out may be x itself (x is read before out is written)") {
+        auto inout = x;
+        auto s = s0;
+        call(tensor_view<const float, 2>(inout.data(), {T, C}), wv, b.data(), tensor_view<float, 2>(s.data(), {C, S}),
+             tensor_view<float, 2>(inout.data(), {T, C}));
+        CHECK(inout == y_ref);
+        CHECK(s == s_ref);
+    }
+    SUBCASE("preconditions: kernel width >= 1, a known activation") {
+        CHECK_THROWS_WITH_AS(kernels::causal_conv1d<float>(xv, tensor_view<const float, 2>(w.data(), {C, 0}), nullptr, nullptr,
+                                                           kernels::conv_activation::none, yv),
+                             doctest::Contains("kernel width must be >= 1"), shape_error);
+        CHECK_THROWS_WITH_AS(kernels::causal_conv1d<float>(xv, wv, nullptr, nullptr, static_cast<kernels::conv_activation>(7), yv),
+                             doctest::Contains("causal_conv1d: unknown activation 7"), value_error);
+    }
+}

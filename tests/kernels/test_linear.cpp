@@ -144,3 +144,29 @@ TEST_CASE("linear rejects mismatched shapes and non-unit inner strides") {
         CHECK_NOTHROW(kernels::linear(be, x, w, nullptr, y));
     }
 }
+
+TEST_CASE("linear: the output may not overlap itself, x, the weight or the bias (shape_error naming the argument)") {
+    const cpu_backend be(1);
+    std::vector<float> buf(1000, 0.5f);
+    const tensor_view<const float, 2> x(buf.data(), {4, 6}), w(buf.data() + 100, {5, 6});
+    std::vector<float> out(100);
+    CHECK_THROWS_WITH_AS(kernels::linear(be, x, w, nullptr, tensor_view<float, 2>(out.data(), {4, 5}, {3, 1})),
+                         doctest::Contains("linear: output [4, 5] is written, but its strides [3, 1] make elements overlap"), shape_error);
+    CHECK_THROWS_WITH_AS(kernels::linear(be, x, w, nullptr, tensor_view<float, 2>(buf.data() + 20, {4, 5})),
+                         doctest::Contains("linear: output overlaps x"), shape_error);
+    CHECK_THROWS_WITH_AS(kernels::linear(be, x, w, nullptr, tensor_view<float, 2>(buf.data() + 120, {4, 5})),
+                         doctest::Contains("linear: output overlaps weight"), shape_error);
+    CHECK_THROWS_WITH_AS(kernels::linear(be, x, w, out.data() + 2, tensor_view<float, 2>(out.data(), {4, 5})),
+                         doctest::Contains("linear: output overlaps bias"), shape_error);
+    // inner strides name the argument; an inner extent of 1 still needs stride 1 (Eigen maps require it)
+    CHECK_THROWS_WITH_AS(kernels::linear(be, tensor_view<const float, 2>(buf.data(), {4, 6}, {12, 2}), w, nullptr,
+                                         tensor_view<float, 2>(out.data(), {4, 5})),
+                         doctest::Contains("linear: x [4, 6] needs unit stride along axis 1"), shape_error);
+    CHECK_THROWS_WITH_AS(kernels::linear(be, tensor_view<const float, 2>(buf.data(), {9, 1}, {1, 4}),
+                                         tensor_view<const float, 2>(buf.data() + 100, {5, 1}), nullptr, tensor_view<float, 2>(out.data(), {9, 5})),
+                         doctest::Contains("linear: x [9, 1] needs unit stride"), shape_error);
+    CHECK_THROWS_WITH_AS(kernels::linear(be, x, tensor_view<const float, 2>(buf.data() + 100, {5, 6}, {1, 5}), nullptr,
+                                         tensor_view<float, 2>(out.data(), {4, 5})),
+                         doctest::Contains("linear: weight [5, 6] needs unit stride"), shape_error);
+    CHECK_NOTHROW(kernels::linear(be, x, w, buf.data() + 200, tensor_view<float, 2>(out.data(), {4, 5}, {20, 1})));
+}

@@ -141,3 +141,73 @@ TEST_CASE("l2_norm_rows: unit rows, eps inside the sqrt") {
     kernels::l2_norm_rows<float>(tensor_view<float, 2>(zero.data(), {1, 8}), 1e-6f);
     for (float v : zero) CHECK(v == 0.f);
 }
+
+TEST_CASE("norms: view stride rules and preconditions are checked, naming the argument") {
+    const std::int64_t M = 3, d = 8;
+    const auto x = uniform(std::size_t(M * d), -1.f, 1.f, 70);
+    const auto z = uniform(std::size_t(M * d), -1.f, 1.f, 71);
+    const auto w = uniform(std::size_t(d), 0.5f, 1.5f, 72);
+    std::vector<float> buf(200);
+    const tensor_view<const float, 2> xv(x.data(), {M, d}), zv(z.data(), {M, d});
+    const tensor_view<float, 2> yv(buf.data(), {M, d});
+    const tensor_view<const float, 2> x_colmajor(x.data(), {M, d}, {1, M});
+    const auto plain = kernels::rms_flavor::plain;
+    const auto gtn = kernels::gate_order::gate_then_norm;
+
+    SUBCASE("rms_norm") {
+        CHECK_THROWS_WITH_AS(kernels::rms_norm<float>(x_colmajor, w.data(), 1e-6f, plain, yv),
+                             doctest::Contains("rms_norm: x [3, 8] needs unit stride along axis 1"), shape_error);
+        CHECK_THROWS_WITH_AS(kernels::rms_norm<float>(xv, w.data(), 1e-6f, plain, tensor_view<float, 2>(buf.data(), {M, d}, {1, M})),
+                             doctest::Contains("rms_norm: output"), shape_error);
+        CHECK_THROWS_WITH_AS(kernels::rms_norm<float>(xv, w.data(), 1e-6f, plain, tensor_view<float, 2>(buf.data(), {M, d}, {4, 1})),
+                             doctest::Contains("make elements overlap"), shape_error);
+        // in place is allowed; a shifted overlap is not
+        std::vector<float> io(x.begin(), x.end());
+        io.resize(40);
+        CHECK_NOTHROW(kernels::rms_norm<float>(tensor_view<const float, 2>(io.data(), {M, d}), w.data(), 1e-6f, plain,
+                                               tensor_view<float, 2>(io.data(), {M, d})));
+        CHECK_THROWS_WITH_AS(kernels::rms_norm<float>(tensor_view<const float, 2>(io.data(), {M, d}), w.data(), 1e-6f, plain,
+                                                      tensor_view<float, 2>(io.data() + 1, {M, d})),
+                             doctest::Contains("rms_norm: output overlaps x"), shape_error);
+        CHECK_THROWS_WITH_AS(kernels::rms_norm<float>(xv, nullptr, 1e-6f, plain, yv), doctest::Contains("rms_norm: weight is null"), value_error);
+        for (float eps : {-1e-6f, std::nanf(""), INFINITY})
+            CHECK_THROWS_WITH_AS(kernels::rms_norm<float>(xv, w.data(), eps, plain, yv), doctest::Contains("rms_norm: eps must be finite and >= 0"),
+                                 value_error);
+        CHECK_THROWS_AS(kernels::rms_norm<float>(xv, w.data(), 1e-6f, static_cast<kernels::rms_flavor>(5), yv), value_error);
+        CHECK_NOTHROW(kernels::rms_norm<float>(xv, w.data(), 0.f, plain, yv));
+    }
+    SUBCASE("gated_rms_norm") {
+        auto call = [&](tensor_view<const float, 2> y, tensor_view<const float, 2> g, const float* wp, float eps, kernels::gate_order o,
+                        tensor_view<float, 2> out) { kernels::gated_rms_norm<float>(y, g, wp, d, 4, o, eps, out); };
+        CHECK_THROWS_WITH_AS(call(x_colmajor, zv, w.data(), 1e-5f, gtn, yv), doctest::Contains("gated_rms_norm: y [3, 8] needs unit stride"),
+                             shape_error);
+        CHECK_THROWS_WITH_AS(call(xv, tensor_view<const float, 2>(z.data(), {M, d}, {1, M}), w.data(), 1e-5f, gtn, yv),
+                             doctest::Contains("gated_rms_norm: gate [3, 8] needs unit stride"), shape_error);
+        CHECK_THROWS_WITH_AS(call(xv, zv, w.data(), 1e-5f, gtn, tensor_view<float, 2>(buf.data(), {M, d}, {1, M})),
+                             doctest::Contains("gated_rms_norm: output"), shape_error);
+        CHECK_THROWS_WITH_AS(call(xv, zv, nullptr, 1e-5f, gtn, yv), doctest::Contains("gated_rms_norm: weight is null"), value_error);
+        CHECK_THROWS_WITH_AS(call(xv, zv, w.data(), -1.f, gtn, yv), doctest::Contains("gated_rms_norm: eps"), value_error);
+        CHECK_THROWS_WITH_AS(call(xv, zv, w.data(), 1e-5f, static_cast<kernels::gate_order>(9), yv),
+                             doctest::Contains("gated_rms_norm: unknown gate order 9"), value_error);
+        // out may be y or z itself (both orders), and then equals the out-of-place result
+        for (auto o : {kernels::gate_order::gate_then_norm, kernels::gate_order::norm_then_gate}) {
+            call(xv, zv, w.data(), 1e-5f, o, yv);
+            const std::vector<float> want(buf.begin(), buf.begin() + M * d);
+            auto yy = x, zz = z;
+            call(tensor_view<const float, 2>(yy.data(), {M, d}), zv, w.data(), 1e-5f, o, tensor_view<float, 2>(yy.data(), {M, d}));
+            CHECK(yy == want);
+            call(xv, tensor_view<const float, 2>(zz.data(), {M, d}), w.data(), 1e-5f, o, tensor_view<float, 2>(zz.data(), {M, d}));
+            CHECK(zz == want);
+        }
+    }
+    SUBCASE("l2_norm_rows") {
+        auto io = x;
+        CHECK_THROWS_WITH_AS(kernels::l2_norm_rows<float>(tensor_view<float, 2>(io.data(), {M, d}, {1, M}), 1e-6f),
+                             doctest::Contains("l2_norm_rows: x [3, 8] needs unit stride"), shape_error);
+        CHECK_THROWS_WITH_AS(kernels::l2_norm_rows<float>(tensor_view<float, 2>(io.data(), {M, d}, {0, 1}), 1e-6f),
+                             doctest::Contains("l2_norm_rows: x"), shape_error);
+        CHECK_THROWS_WITH_AS(kernels::l2_norm_rows<float>(tensor_view<float, 2>(io.data(), {M, d}), std::nanf("")),
+                             doctest::Contains("l2_norm_rows: eps must be finite"), value_error);
+        CHECK(io == x);
+    }
+}

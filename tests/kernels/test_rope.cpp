@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "hymix/kernels/rope.hpp"
@@ -146,4 +147,35 @@ TEST_CASE("rope: bad arguments throw") {
     CHECK_THROWS_AS(kernels::rope_dims(64, 1.5), config_error);
     CHECK(kernels::rope_dims(256, 0.25) == 64);
     CHECK(kernels::rope_dims(64, 0.25) == 16);
+}
+
+TEST_CASE("rope: view stride rules and preconditions are checked, naming the argument (rope and rope_ref)") {
+    const std::int64_t T = 3, H = 2, dh = 8;
+    auto x = hymix::test::uniform(std::size_t(T * H * dh), -1.f, 1.f, 80);
+    std::vector<double> xd(x.begin(), x.end());
+    const auto x0 = x;
+    const std::vector<std::int64_t> pos{0, 1, 2};
+    const auto rh = kernels::rope_mode::rotate_half;
+    // channel stride 2 (every other float)
+    std::vector<float> wide(200);
+    CHECK_THROWS_WITH_AS(kernels::rope(tensor_view<float, 3>(wide.data(), {T, H, dh}, {32, 16, 2}), pos, rh, 1e4, 8),
+                         doctest::Contains("rope: x [3, 2, 8] needs unit stride along axis 2"), shape_error);
+    // heads on top of each other (head stride 0): each would be rotated twice
+    CHECK_THROWS_WITH_AS(kernels::rope(tensor_view<float, 3>(x.data(), {T, H, dh}, {dh, 0, 1}), pos, rh, 1e4, 8),
+                         doctest::Contains("rope: x [3, 2, 8] is written, but its strides [8, 0, 1] make elements overlap"), shape_error);
+    CHECK_THROWS_WITH_AS(kernels::rope_ref(tensor_view<double, 3>(xd.data(), {T, H, dh}, {dh, 0, 1}), pos, rh, 1e4, 8),
+                         doctest::Contains("rope_ref: x"), shape_error);
+    const tensor_view<float, 3> xv(x.data(), {T, H, dh});
+    const std::vector<std::int64_t> neg{0, -1, 2};
+    CHECK_THROWS_WITH_AS(kernels::rope(xv, neg, rh, 1e4, 8), doctest::Contains("rope: positions[1] = -1 is negative"), value_error);
+    CHECK_THROWS_WITH_AS(kernels::rope(xv, std::int64_t{-5}, rh, 1e4, 8), doctest::Contains("rope: positions[0] = -5"), value_error);
+    for (double base : {0.0, -1e4, std::nan(""), std::numeric_limits<double>::infinity()})
+        CHECK_THROWS_WITH_AS(kernels::rope(xv, pos, rh, base, 8), doctest::Contains("rope: base (rope_theta) must be finite and > 0"),
+                             value_error);
+    CHECK_THROWS_WITH_AS(kernels::rope_ref(tensor_view<double, 3>(xd.data(), {T, H, dh}), pos, rh, 0.0, 8),
+                         doctest::Contains("rope_ref: base"), value_error);
+    CHECK_THROWS_WITH_AS(kernels::rope(xv, pos, static_cast<kernels::rope_mode>(3), 1e4, 8), doctest::Contains("rope: unknown mode 3"),
+                         value_error);
+    CHECK(x == x0);  // nothing was rotated by a rejected call
+    CHECK_NOTHROW(kernels::rope(xv, pos, kernels::rope_mode::none, 0.0, 8));  // nothing rotates: the base is unused
 }

@@ -347,6 +347,30 @@ T get(const json& j, std::string_view key, const T& fallback, const std::string&
     return detail::json_to<T>(*it, std::string(key), origin);
 }
 
+/// A JSON value as it would be written in a config file, for messages: numbers (NaN and ±Infinity spelled as
+/// Python writes them), quoted strings, true/false/null; arrays and objects are shortened to 60 characters.
+inline std::string json_text(const json& v) {
+    if (v.is_number_float()) {
+        const double d = v.get<double>();
+        if (std::isnan(d)) return "NaN";
+        if (std::isinf(d)) return d > 0 ? "Infinity" : "-Infinity";
+    }
+    if (v.is_array() || v.is_object()) {
+        std::string out = v.is_array() ? "[" : "{";
+        bool first = true;
+        for (auto it = v.begin(); it != v.end() && out.size() < 60; ++it, first = false) {
+            if (!first) out += ", ";
+            if (v.is_object()) out += "\"" + it.key() + "\": ";
+            out += json_text(*it);
+        }
+        if (out.size() > 60) out = out.substr(0, 57) + "...";
+        return out + (v.is_array() ? "]" : "}");
+    }
+    std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+    if (s.size() > 60) s = s.substr(0, 57) + "...";
+    return s;
+}
+
 /// The object stored at `key` (by reference). Throws config_error when it is missing or not an object.
 inline const json& require_object(const json& j, std::string_view key, const std::string& origin = {}) {
     detail::require_object_value(j, key, origin);
@@ -357,5 +381,88 @@ inline const json& require_object(const json& j, std::string_view key, const std
     if (!it->is_object()) detail::type_mismatch(origin, std::string(key), "object", *it);
     return *it;
 }
+
+/// The keys of one object of a config file, read so that every error names the file, the key's full path (e.g.
+/// 'text_config.rms_norm_eps') and the value found, including values that are only wrong for the model
+/// ("must be > 0"). Defaults of absent keys are reported as such ("absent, default 16").
+class config_keys {
+public:
+    /// `j` is the object, `origin` the file (e.g. ".../config.json"), `path` the keys leading to `j` ("" at the top).
+    config_keys(const json& j, std::string origin, std::string path = {})
+        : j_(&j), origin_(std::move(origin)), path_(std::move(path)) {
+        if (!j.is_object())
+            throw config_error(origin_ + ": " + (path_.empty() ? std::string("the top level") : "key '" + path_ + "'") +
+                               " must be a JSON object, found " + detail::json_found(j));
+    }
+
+    const json& value() const noexcept { return *j_; }
+    const std::string& origin() const noexcept { return origin_; }
+    /// Full path of `key`: "text_config.hidden_size".
+    std::string path(std::string_view key) const { return path_.empty() ? std::string(key) : path_ + "." + std::string(key); }
+    bool has(std::string_view key) const { return io::has(*j_, key); }
+
+    /// Required key as T; config_error naming file and key when it is missing, null or of the wrong type.
+    template <class T>
+    T require(std::string_view key) const {
+        const auto it = j_->find(key);
+        if (it == j_->end() || it->is_null())
+            throw config_error(origin_ + ": " + (it == j_->end() ? "missing required key '" : "key '") + path(key) + "'" +
+                               (it == j_->end() ? "" : " is null") + " (expected " + detail::json_expected<T>() + ")");
+        return detail::json_to<T>(*it, path(key), origin_);
+    }
+    /// Optional key as T, or `fallback` when absent or null.
+    template <class T>
+    T get(std::string_view key, const T& fallback) const {
+        const auto it = j_->find(key);
+        if (it == j_->end() || it->is_null()) return fallback;
+        return detail::json_to<T>(*it, path(key), origin_);
+    }
+    /// The nested object at `key` (required).
+    config_keys object(std::string_view key) const {
+        const auto it = j_->find(key);
+        if (it == j_->end()) throw config_error(origin_ + ": missing required key '" + path(key) + "' (expected object)");
+        return config_keys(*it, origin_, path(key));
+    }
+
+    /// "key 'rms_norm_eps' = NaN", or "key 'head_dim' (absent, default 256)" with `fallback_text` for absent keys.
+    std::string describe(std::string_view key, std::string_view fallback_text = {}) const {
+        const auto it = j_->find(key);
+        if (it == j_->end() || it->is_null())
+            return "key '" + path(key) + "' (" + (it == j_->end() ? "absent" : "null") +
+                   (fallback_text.empty() ? std::string() : ", default " + std::string(fallback_text)) + ")";
+        return "key '" + path(key) + "' = " + json_text(*it);
+    }
+    /// Throws config_error "<origin>: key '<path>' = <value>: <what>".
+    [[noreturn]] void fail(std::string_view key, std::string_view what, std::string_view fallback_text = {}) const {
+        throw config_error(origin_ + ": " + describe(key, fallback_text) + ": " + std::string(what));
+    }
+
+    /// Largest size a config key may give (2^24): products of two or three sizes (d_inner, q_proj rows, tensor
+    /// element counts) then stay far inside int64.
+    static constexpr std::int64_t max_size = std::int64_t{1} << 24;
+
+    /// Integer key that must be > 0 and <= max_size (required, or `fallback` when absent).
+    std::int64_t positive(std::string_view key) const { return check_positive(key, require<std::int64_t>(key), {}); }
+    std::int64_t positive(std::string_view key, std::int64_t fallback) const {
+        return check_positive(key, get<std::int64_t>(key, fallback), std::to_string(fallback));
+    }
+    /// Number key that must be finite and > 0 (or >= 0 with `allow_zero`), `fallback` when absent.
+    double finite_positive(std::string_view key, double fallback, bool allow_zero = false) const {
+        const double v = get<double>(key, fallback);
+        if (!std::isfinite(v) || v < 0.0 || (v == 0.0 && !allow_zero))
+            fail(key, allow_zero ? "must be finite and >= 0" : "must be finite and > 0", json_text(json(fallback)));
+        return v;
+    }
+
+private:
+    std::int64_t check_positive(std::string_view key, std::int64_t v, const std::string& fallback_text) const {
+        if (v <= 0) fail(key, "must be > 0", fallback_text);
+        if (v > max_size) fail(key, "must be <= " + std::to_string(max_size) + " (products of sizes must not overflow)", fallback_text);
+        return v;
+    }
+
+    const json* j_;
+    std::string origin_, path_;
+};
 
 }  // namespace hymix::io

@@ -16,6 +16,7 @@
 #include <xsimd/xsimd.hpp>
 
 #include "hymix/backend/concepts.hpp"
+#include "hymix/core/check.hpp"
 #include "hymix/core/error.hpp"
 #include "hymix/core/tensor.hpp"
 
@@ -34,12 +35,20 @@ struct attention_problem {
     tensor_view<const T, 3> q;  // [Tq, H, d_h]      unit stride along d_h
     tensor_view<const T, 3> k;  // [Tk, H_kv, d_h]   unit stride along d_h (any token / head strides)
     tensor_view<const T, 3> v;  // [Tk, H_kv, d_h]
-    tensor_view<T, 3> o;        // [Tq, H, d_h]
-    tensor_view<T, 2> lse;      // [Tq, H] natural-log LSE of the scaled scores, or data == nullptr for none
+    tensor_view<T, 3> o;        // [Tq, H, d_h]      unit stride along d_h; no two elements at one address; no overlap
+                                //                   with q, k, v
+    tensor_view<T, 2> lse;      // [Tq, H] natural-log LSE of the scaled scores, or data == nullptr for none (any
+                                //         strides; no overlap with o, q, k, v or itself)
 };
 
 namespace detail {
 
+// Argument checks of every attention entry point, in every build: shapes, GQA divisibility, the unit stride along
+// d_h that the dot products and row copies assume (token and head strides are free, also 0 or negative for inputs),
+// outputs whose elements do not overlap each other or the inputs, a finite scale and a window >= 0. They cost a few
+// dozen comparisons per problem. Not checked, on purpose: the values of q, k and v (finiteness would need a pass
+// over the whole KV cache on every decode step, as expensive as the attention itself); a NaN or Inf there
+// propagates to o and LSE instead (spec.md §2), where callers check results.
 template <class T>
 void attention_check(const attention_problem<T>& p, const char* who) {
     const std::int64_t Tq = p.q.dim(0), H = p.q.dim(1), dh = p.q.dim(2), Tk = p.k.dim(0), Hkv = p.k.dim(1);
@@ -50,8 +59,27 @@ void attention_check(const attention_problem<T>& p, const char* who) {
     if (p.lse.data) p.lse.require_shape({Tq, H}, w, "lse");
     if (Hkv <= 0 || H % Hkv != 0)
         throw shape_error(std::string(w) + ": query heads " + std::to_string(H) + " not a multiple of key/value heads " + std::to_string(Hkv));
-    if (dh > 0 && (p.q.strides[2] != 1 || p.k.strides[2] != 1 || p.v.strides[2] != 1 || p.o.strides[2] != 1))
-        throw shape_error(std::string(w) + ": q, k, v, o need unit stride along head_dim");
+    if (dh < 1) throw shape_error(std::string(w) + ": head_dim must be >= 1, found " + std::to_string(dh));
+    hymix::detail::require_unit_stride(p.q, 2, w, "q");
+    hymix::detail::require_unit_stride(p.k, 2, w, "k");
+    hymix::detail::require_unit_stride(p.v, 2, w, "v");
+    hymix::detail::require_unit_stride(p.o, 2, w, "o");
+    hymix::detail::require_no_self_overlap(p.o, w, "o");
+    hymix::detail::require_no_overlap(p.o, "o", p.q, "q", w);
+    hymix::detail::require_no_overlap(p.o, "o", p.k, "k", w);
+    hymix::detail::require_no_overlap(p.o, "o", p.v, "v", w);
+    if (p.lse.data) {
+        hymix::detail::require_no_self_overlap(p.lse, w, "lse");
+        hymix::detail::require_no_overlap(p.lse, "lse", p.q, "q", w);
+        hymix::detail::require_no_overlap(p.lse, "lse", p.k, "k", w);
+        hymix::detail::require_no_overlap(p.lse, "lse", p.v, "v", w);
+        hymix::detail::require_no_overlap(p.lse, "lse", p.o, "o", w);
+    }
+}
+
+inline void attention_check_params(const attention_params& a, const char* who) {
+    hymix::detail::require_finite(a.scale, who, "params.scale");
+    if (a.window < 0) throw value_error(std::string(who) + ": params.window must be >= 0 (0 = none), found " + std::to_string(a.window));
 }
 
 inline double attention_scale(const attention_params& a, std::int64_t dh) {
@@ -212,10 +240,13 @@ void attention_tile_nv(const attention_problem<float>& p, std::int64_t h, std::i
     const std::int64_t hk = h / (H / p.k.dim(1));
     const std::int64_t bq = i1 - i0, off = Tk - Tq;
     auto& sc = attention_scratch::get();
-    grow(sc.q, static_cast<std::size_t>(dh * bqp + W));
-    grow(sc.s, static_cast<std::size_t>(tile_k * bqp + W));
-    grow(sc.o, static_cast<std::size_t>(dh * bqp + W));
-    grow(sc.m, static_cast<std::size_t>(3 * bqp + W));
+    // Each buffer starts at the first 64-byte boundary of its vector: up to 15 floats of slack whatever W is (a
+    // slack of W floats overran the buffers by up to 48 bytes with SSE2 or AVX2 lanes).
+    constexpr std::int64_t slack = 64 / sizeof(float) - 1;
+    grow(sc.q, static_cast<std::size_t>(dh * bqp + slack));
+    grow(sc.s, static_cast<std::size_t>(tile_k * bqp + slack));
+    grow(sc.o, static_cast<std::size_t>(dh * bqp + slack));
+    grow(sc.m, static_cast<std::size_t>(3 * bqp + slack));
     auto align = [](float* ptr) {
         const auto a = reinterpret_cast<std::uintptr_t>(ptr);
         return reinterpret_cast<float*>((a + 63) / 64 * 64);
@@ -342,8 +373,11 @@ void decode_group(const attention_problem<float>& p, std::int64_t hk, std::int64
             for (std::int64_t j = 0; j < n; ++j) sbuf[j] = scale * dot<Arch>(q, kb + j * ks, dh);
             const float m_old = row[0];
             const float m_new = std::max(m_old, max_of<Arch>(sbuf, n));
-            const float alpha = m_old == ninf ? 0.f : std::exp(m_old - m_new);  // never exp(−∞ − (−∞))
-            const float sum = exp_scaled_sum<Arch>(sbuf, n, 1.f, m_new);
+            // While no finite score has been seen (m_new = −∞: the block's scores are all −∞), the weights are taken
+            // relative to 0 instead of m_new, so exp(−∞ − (−∞)) is never evaluated: −∞ gives 0, NaN stays NaN.
+            const float ref = m_new == ninf ? 0.f : m_new;
+            const float alpha = m_old == ninf ? 0.f : std::exp(m_old - m_new);
+            const float sum = exp_scaled_sum<Arch>(sbuf, n, 1.f, ref);
             if (alpha != 1.f)
                 for (std::int64_t c = 0; c < dh; ++c) o_acc[c] *= alpha;
             row[1] = row[1] * alpha + sum;
@@ -358,12 +392,14 @@ void decode_group(const attention_problem<float>& p, std::int64_t hk, std::int64
 /// Tiled causal attention over a batch of independent problems (one per sequence). Work items are
 /// (problem, head, tile of 4 SIMD widths of queries: 64 with AVX-512), run in parallel with the backend's parallel_for; each item loops over
 /// its visible key tiles with an online softmax (running max / sum in fp32), so memory stays O(tile).
-/// Throws shape_error on inconsistent shapes or H % H_kv != 0.
+/// Throws shape_error on inconsistent shapes, H % H_kv != 0 or views that break the stride rules of attention_problem,
+/// value_error on a non-finite scale or a negative window.
 template <cpu_backend_type Backend>
 void attention_prefill(const Backend& be, std::span<const attention_problem<float>> problems, const attention_params& prm) {
     struct item {
         std::int64_t p, h, i0, i1;
     };
+    detail::attention_check_params(prm, "attention_prefill");
     std::vector<item> items;
     for (std::size_t pi = 0; pi < problems.size(); ++pi) {
         const auto& p = problems[pi];
@@ -396,6 +432,7 @@ void attention_decode(const Backend& be, std::span<const attention_problem<float
     };
     std::vector<item> items;
     std::int64_t n_groups = 0;
+    detail::attention_check_params(prm, "attention_decode");
     for (const auto& p : problems) {
         detail::attention_check(p, "attention_decode");
         if (p.q.dim(0) != 1)
@@ -453,22 +490,25 @@ void attention_decode(const Backend& be, std::span<const attention_problem<float
                     const float ms = P[(items[s].slot + r) * pw];
                     m = (ms > m || std::isnan(ms)) && !std::isnan(m) ? ms : m;  // a NaN split maximum wins
                 }
+                // Splits with no finite score (m_s = −∞, l_s = 0) get weight exp(−∞ − ref) = 0. When no split has a
+                // finite score (m = −∞) the reference is 0, so exp(−∞ − (−∞)) is never evaluated here either.
+                const float ref = m == ninf ? 0.f : m;
                 float* orow = &p.o(0, hk * g + r, 0);
                 std::fill(orow, orow + dh, 0.f);
                 float l = 0.f;
-                if (m != ninf)
-                    for (std::size_t s = first; s < it; ++s) {
-                        const float* row = P + (items[s].slot + r) * pw;
-                        if (row[0] == ninf) continue;  // an empty split contributes nothing
-                        const float f = std::exp(row[0] - m);
-                        l += row[1] * f;
-                        for (std::int64_t c = 0; c < dh; ++c) orow[c] += f * row[2 + c];
-                    }
-                if (l != 0.f) {  // NaN propagates; l == 0 only when no key is visible
+                for (std::size_t s = first; s < it; ++s) {
+                    const float* row = P + (items[s].slot + r) * pw;
+                    const float f = std::exp(row[0] - ref);
+                    l += row[1] * f;
+                    for (std::int64_t c = 0; c < dh; ++c) orow[c] += f * row[2 + c];
+                }
+                if (l != 0.f) {  // NaN propagates
                     const float inv = 1.f / l;
                     for (std::int64_t c = 0; c < dh; ++c) orow[c] *= inv;
+                } else {  // no visible key, or every visible score −∞: o = 0, LSE −∞ (spec.md §2)
+                    std::fill(orow, orow + dh, 0.f);
                 }
-                if (p.lse.data) p.lse(0, hk * g + r) = l != 0.f ? m + std::log(l) : ninf;
+                if (p.lse.data) p.lse(0, hk * g + r) = l != 0.f ? ref + std::log(l) : ninf;
             }
         }
     }
@@ -479,6 +519,7 @@ void attention_decode(const Backend& be, std::span<const attention_problem<float
 /// q [Tq, H, d_h], k, v [Tk, H_kv, d_h], o [Tq, H, d_h], lse [Tq, H] or empty.
 inline void attention_ref(const attention_problem<double>& p, const attention_params& prm) {
     detail::attention_check(p, "attention_ref");
+    detail::attention_check_params(prm, "attention_ref");
     const std::int64_t Tq = p.q.dim(0), H = p.q.dim(1), dh = p.q.dim(2), Tk = p.k.dim(0), Hkv = p.k.dim(1);
     const double scale = detail::attention_scale(prm, dh);
     const double ninf = -std::numeric_limits<double>::infinity();

@@ -6,11 +6,14 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
 #include <xsimd/xsimd.hpp>
 
+#include "hymix/core/check.hpp"
 #include "hymix/core/error.hpp"
 #include "hymix/core/math.hpp"
 #include "hymix/core/tensor.hpp"
@@ -19,27 +22,44 @@ namespace hymix::kernels {
 
 enum class conv_activation { none, silu };
 
-/// x [T, C] (any row stride), w [C, K], bias [C] or null, state [C, K−1] (in/out; null means zeros, not
-/// written back), out [T, C]. out must not alias x. Works for float and double (the reference).
+/// x [T, C] (any row stride, unit channel stride), w [C, K] (any strides), bias [C] or null, state [C, K−1] (any
+/// strides; in/out; data == nullptr means zeros, not written back), out [T, C] (any row stride, unit channel stride).
+/// x is copied before out is written, so out may be x itself. Works for float and double (the reference).
+/// Checked in every build (shape_error / value_error naming the argument): shapes, the unit channel stride of x and
+/// out, out's rows not overlapping each other, w, bias or the state, K >= 1, a known activation. Not checked: the
+/// values (a NaN input propagates to the outputs it reaches).
 template <class T>
-void causal_conv1d(tensor_view<const T, 2> x, tensor_view<const T, 2> w, const T* bias, T* state,
+void causal_conv1d(tensor_view<const T, 2> x, tensor_view<const T, 2> w, const T* bias, tensor_view<T, 2> state,
                    conv_activation act, tensor_view<T, 2> out) {
+    constexpr std::string_view who = "causal_conv1d";
     const std::int64_t Tn = x.dim(0), C = x.dim(1), K = w.dim(1);
-    w.require_shape({C, -1}, "causal_conv1d: weight");
-    out.require_shape({Tn, C}, "causal_conv1d: output");
-    if (K < 1) throw shape_error("causal_conv1d: kernel width must be >= 1");
+    w.require_shape({C, -1}, who, "weight");
+    out.require_shape({Tn, C}, who, "output");
+    if (K < 1) throw shape_error("causal_conv1d: kernel width must be >= 1, found weight " + shape_string(w.shape));
+    if (act != conv_activation::none && act != conv_activation::silu)
+        throw value_error("causal_conv1d: unknown activation " + std::to_string(static_cast<int>(act)));
+    if (state.data) state.require_shape({C, K - 1}, who, "state");
+    hymix::detail::require_unit_stride(x, 1, who, "x");
+    hymix::detail::require_unit_stride(out, 1, who, "output");
+    hymix::detail::require_no_self_overlap(out, who, "output");
+    hymix::detail::require_no_overlap(out, "output", w, "weight", who);
+    if (bias) hymix::detail::require_no_overlap(out, "output", tensor_view<const T, 1>(bias, {C}), "bias", who);
+    if (state.data) {
+        hymix::detail::require_no_self_overlap(state, who, "state");
+        hymix::detail::require_no_overlap(out, "output", state, "state", who);
+    }
     const std::int64_t S = K - 1;
     // ext[(S + Tn), C]: the state transposed to rows, then the inputs; tap-major weights wt[K, C].
     // Per-thread scratch that only grows, so repeated calls (decode steps) allocate nothing.
     thread_local std::vector<T> ext, wt;
     if (ext.size() < static_cast<std::size_t>((S + Tn) * C)) ext.resize(static_cast<std::size_t>((S + Tn) * C));
     if (wt.size() < static_cast<std::size_t>(K * C)) wt.resize(static_cast<std::size_t>(K * C));
-    if (!state) std::fill_n(ext.begin(), S * C, T(0));
+    if (!state.data) std::fill_n(ext.begin(), S * C, T(0));
     for (std::int64_t c = 0; c < C; ++c)
         for (std::int64_t j = 0; j < K; ++j) wt[j * C + c] = w(c, j);
-    if (state)
+    if (state.data)
         for (std::int64_t c = 0; c < C; ++c)
-            for (std::int64_t j = 0; j < S; ++j) ext[j * C + c] = state[c * S + j];
+            for (std::int64_t j = 0; j < S; ++j) ext[j * C + c] = state(c, j);
     for (std::int64_t t = 0; t < Tn; ++t) std::copy_n(&x(t, 0), C, ext.data() + (S + t) * C);
     for (std::int64_t t = 0; t < Tn; ++t) {
         T* o = &out(t, 0);
@@ -62,9 +82,17 @@ void causal_conv1d(tensor_view<const T, 2> x, tensor_view<const T, 2> w, const T
             for (; c < C; ++c) o[c] = silu(o[c]);
         }
     }
-    if (state)
+    if (state.data)
         for (std::int64_t c = 0; c < C; ++c)
-            for (std::int64_t j = 0; j < S; ++j) state[c * S + j] = ext[(Tn + j) * C + c];
+            for (std::int64_t j = 0; j < S; ++j) state(c, j) = ext[(Tn + j) * C + c];
+}
+
+/// The same with the state as a contiguous [C, K−1] array (or null for zeros, not written back).
+template <class T>
+void causal_conv1d(tensor_view<const T, 2> x, tensor_view<const T, 2> w, const T* bias, T* state, conv_activation act,
+                   tensor_view<T, 2> out) {
+    const std::int64_t C = x.dim(1), S = std::max<std::int64_t>(w.dim(1) - 1, 0);
+    causal_conv1d<T>(x, w, bias, state ? tensor_view<T, 2>(state, {C, S}) : tensor_view<T, 2>{}, act, out);
 }
 
 }  // namespace hymix::kernels

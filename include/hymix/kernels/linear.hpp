@@ -11,6 +11,7 @@
 #include <xsimd/xsimd.hpp>
 
 #include "hymix/backend/concepts.hpp"
+#include "hymix/core/check.hpp"
 #include "hymix/core/tensor.hpp"
 
 namespace hymix::kernels {
@@ -89,16 +90,26 @@ void linear_small_m(tensor_view<const float, 2> x, tensor_view<const float, 2> w
 
 }  // namespace detail
 
-/// y[M, N] = x[M, K] · w[N, K]ᵀ (+ bias[N]). fp32. Inner strides must be 1. Throws shape_error on mismatch.
+/// y[M, N] = x[M, K] · w[N, K]ᵀ (+ bias[N]). fp32. Inner strides must be 1; y must not overlap x, w or bias.
+/// Throws shape_error on a mismatch, naming the argument.
 /// Parallel over output columns on the backend's threads.
 template <cpu_backend_type Backend>
 void linear(const Backend& be, tensor_view<const float, 2> x, tensor_view<const float, 2> w, const float* bias,
             tensor_view<float, 2> y) {
+    // Argument checks, in every build (shape_error naming the argument): shapes, the unit inner stride of x, w and y
+    // (row strides are free), y's rows not overlapping each other, x, w or the bias (the products write y while
+    // reading them). A few comparisons per call. Not checked: the values (a scan of w per decode step would cost as
+    // much as the product itself); a NaN or Inf propagates to the outputs it reaches.
     const std::int64_t M = x.dim(0), K = x.dim(1), N = w.dim(0);
     if (w.dim(1) != K) w.require_shape({N, K}, "linear: weight");
     y.require_shape({M, N}, "linear: output");
-    if (x.strides[1] != 1 || w.strides[1] != 1 || y.strides[1] != 1)
-        throw shape_error("linear: tensors must have unit inner stride");
+    hymix::detail::require_unit_stride(x, 1, "linear", "x", true);
+    hymix::detail::require_unit_stride(w, 1, "linear", "weight", true);
+    hymix::detail::require_unit_stride(y, 1, "linear", "output", true);
+    hymix::detail::require_no_self_overlap(y, "linear", "output");
+    hymix::detail::require_no_overlap(y, "output", x, "x", "linear");
+    hymix::detail::require_no_overlap(y, "output", w, "weight", "linear");
+    if (bias) hymix::detail::require_no_overlap(y, "output", tensor_view<const float, 1>(bias, {N}), "bias", "linear");
     if (M == 0 || N == 0) return;
     if (M <= 8) {
         const std::int64_t grain = std::max<std::int64_t>(16, N / (4 * be.num_threads()) / 4 * 4);

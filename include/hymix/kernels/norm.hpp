@@ -5,10 +5,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
+#include <string_view>
 #include <type_traits>
 
 #include <xsimd/xsimd.hpp>
 
+#include "hymix/core/check.hpp"
 #include "hymix/core/error.hpp"
 #include "hymix/core/math.hpp"
 #include "hymix/core/tensor.hpp"
@@ -18,11 +21,28 @@ namespace hymix::kernels {
 enum class rms_flavor { plain, zero_centered };
 enum class gate_order { gate_then_norm, norm_then_gate };
 
-/// y[M, d] = norm(x[M, d]) with weight w[d]. y may alias x. Works for float and double (reference).
+// Argument checks of the norms, in every build (shape_error / value_error naming the argument): shapes, the unit
+// channel stride every row loop assumes (row strides are free), outputs whose rows do not overlap each other or the
+// inputs (except the exact in-place call), a non-null weight, eps finite and >= 0, known enum values. A few
+// comparisons per call; qk-norm calls these once per token, which stays negligible next to the d_h-wide row work.
+// Not checked: the values of x, y, z and w (a scan per call would double the memory traffic of these
+// memory-bound kernels); a NaN or Inf there propagates to the output rows it reaches.
+
+/// y[M, d] = norm(x[M, d]) with weight w[d]; x and y have unit channel stride. y may be x itself (in place), but
+/// not overlap it otherwise. Works for float and double (reference).
 template <class T>
 void rms_norm(tensor_view<const T, 2> x, const T* w, T eps, rms_flavor flavor, tensor_view<T, 2> y) {
+    constexpr std::string_view who = "rms_norm";
     const std::int64_t M = x.dim(0), d = x.dim(1);
     y.require_shape({M, d}, "rms_norm: output");
+    hymix::detail::require_unit_stride(x, 1, who, "x");
+    hymix::detail::require_unit_stride(y, 1, who, "output");
+    hymix::detail::require_no_self_overlap(y, who, "output");
+    hymix::detail::require_no_overlap(y, "output", x, "x", who, true);
+    hymix::detail::require_pointer(w, M > 0 ? d : 0, who, "weight");
+    hymix::detail::require_finite_nonneg(static_cast<double>(eps), who, "eps");
+    if (flavor != rms_flavor::plain && flavor != rms_flavor::zero_centered)
+        throw value_error("rms_norm: unknown flavor " + std::to_string(static_cast<int>(flavor)));
     using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
     for (std::int64_t m = 0; m < M; ++m) {
         const T* xm = &x(m, 0);
@@ -86,26 +106,36 @@ inline void gated_rms_norm_group_f32(const float* y, const float* z, const float
 ///   gate_then_norm: out = w ⊙ normalize_g(y ⊙ silu(z))         (Mamba-2, spec.md §3.2 step 6)
 ///   norm_then_gate: out = (w ⊙ normalize_g(y)) ⊙ silu(z)        (GDN / Qwen3.5 / Oryx, per head)
 /// `w` has D entries (per channel) or group_size entries (shared by all groups); `w_len` says which.
-/// out may alias y.
+/// y, z and out have unit channel stride (any row stride). out may be y or z itself (in place), but not overlap
+/// them otherwise.
 template <class T>
 void gated_rms_norm(tensor_view<const T, 2> y, tensor_view<const T, 2> z, const T* w, std::int64_t w_len,
                     std::int64_t group_size, gate_order order, T eps, tensor_view<T, 2> out) {
+    constexpr std::string_view who = "gated_rms_norm";
     const std::int64_t M = y.dim(0), D = y.dim(1);
     z.require_shape({M, D}, "gated_rms_norm: gate");
     out.require_shape({M, D}, "gated_rms_norm: output");
+    hymix::detail::require_unit_stride(y, 1, who, "y");
+    hymix::detail::require_unit_stride(z, 1, who, "gate");
+    hymix::detail::require_unit_stride(out, 1, who, "output");
+    hymix::detail::require_no_self_overlap(out, who, "output");
+    hymix::detail::require_no_overlap(out, "output", y, "y", who, true);
+    hymix::detail::require_no_overlap(out, "output", z, "gate", who, true);
+    hymix::detail::require_pointer(w, M > 0 ? w_len : 0, who, "weight");
+    hymix::detail::require_finite_nonneg(static_cast<double>(eps), who, "eps");
+    if (order != gate_order::gate_then_norm && order != gate_order::norm_then_gate)
+        throw value_error("gated_rms_norm: unknown gate order " + std::to_string(static_cast<int>(order)));
     if (group_size <= 0 || D % group_size != 0)
         throw shape_error("gated_rms_norm: group size " + std::to_string(group_size) + " does not divide width " + std::to_string(D));
     if (w_len != D && w_len != group_size)
         throw shape_error("gated_rms_norm: weight has " + std::to_string(w_len) + " entries, expected " + std::to_string(D) +
                           " or " + std::to_string(group_size));
     if constexpr (std::is_same_v<T, float>) {
-        if (y.strides[1] == 1 && z.strides[1] == 1 && out.strides[1] == 1) {
-            for (std::int64_t m = 0; m < M; ++m)
-                for (std::int64_t g0 = 0; g0 < D; g0 += group_size)
-                    detail::gated_rms_norm_group_f32(&y(m, g0), &z(m, g0), w_len == D ? w + g0 : w, group_size,
-                                                     order == gate_order::gate_then_norm, eps, &out(m, g0));
-            return;
-        }
+        for (std::int64_t m = 0; m < M; ++m)
+            for (std::int64_t g0 = 0; g0 < D; g0 += group_size)
+                detail::gated_rms_norm_group_f32(&y(m, g0), &z(m, g0), w_len == D ? w + g0 : w, group_size,
+                                                 order == gate_order::gate_then_norm, eps, &out(m, g0));
+        return;
     }
     using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
     for (std::int64_t m = 0; m < M; ++m) {
@@ -135,9 +165,12 @@ void gated_rms_norm(tensor_view<const T, 2> y, tensor_view<const T, 2> z, const 
     }
 }
 
-/// In-place L2 normalisation of each row of x[M, d]: x / sqrt(Σx² + eps) (GDN q/k, spec.md §1).
+/// In-place L2 normalisation of each row of x[M, d] (unit channel stride): x / sqrt(Σx² + eps) (GDN q/k, spec.md §1).
 template <class T>
 void l2_norm_rows(tensor_view<T, 2> x, T eps) {
+    hymix::detail::require_unit_stride(x, 1, "l2_norm_rows", "x");
+    hymix::detail::require_no_self_overlap(x, "l2_norm_rows", "x");
+    hymix::detail::require_finite_nonneg(static_cast<double>(eps), "l2_norm_rows", "eps");
     using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
     for (std::int64_t m = 0; m < x.dim(0); ++m) {
         T* xm = &x(m, 0);

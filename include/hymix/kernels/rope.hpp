@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "hymix/core/check.hpp"
 #include "hymix/core/error.hpp"
 #include "hymix/core/tensor.hpp"
 
@@ -58,25 +59,41 @@ inline void rope_rotate_row(T* x, const C* c, const C* s, std::int64_t d_rot, ro
     }
 }
 
+// Argument checks of rope and rope_ref, in every build (shape_error / value_error naming the argument): the
+// positions/T match, d_rot even and <= head_dim, the unit channel stride the row rotation assumes (token and head
+// strides are free), no two elements of x at one address (it is rotated in place), a known mode, a finite base > 0
+// when something rotates, and positions >= 0 (one pass over T positions, small next to the T·H·d_rot rotation).
+// Not checked: the values of x (a NaN propagates to its own pair of channels only).
 template <class T>
-void rope_check(const tensor_view<T, 3>& x, std::span<const std::int64_t> positions, std::int64_t d_rot, const char* who) {
+void rope_check(const tensor_view<T, 3>& x, std::span<const std::int64_t> positions, rope_mode mode, double base,
+                std::int64_t d_rot, const char* who) {
     if (static_cast<std::int64_t>(positions.size()) != x.dim(0))
         throw shape_error(std::string(who) + ": x has " + std::to_string(x.dim(0)) + " tokens but " +
                           std::to_string(positions.size()) + " positions were given");
     if (d_rot < 0 || d_rot % 2 != 0 || d_rot > x.dim(2))
         throw shape_error(std::string(who) + ": rotary dims " + std::to_string(d_rot) + " must be even and <= head_dim " +
                           std::to_string(x.dim(2)));
-    if (x.dim(2) > 0 && x.strides[2] != 1) throw shape_error(std::string(who) + ": x needs unit stride along head_dim");
+    hymix::detail::require_unit_stride(x, 2, who, "x");
+    hymix::detail::require_no_self_overlap(x, who, "x");
+    if (mode != rope_mode::none && mode != rope_mode::rotate_half && mode != rope_mode::interleaved)
+        throw value_error(std::string(who) + ": unknown mode " + std::to_string(static_cast<int>(mode)));
+    if (mode != rope_mode::none && d_rot > 0 && !(std::isfinite(base) && base > 0.0))
+        throw value_error(std::string(who) + ": base (rope_theta) must be finite and > 0, found " + std::to_string(base));
+    for (std::size_t t = 0; t < positions.size(); ++t)
+        if (positions[t] < 0)
+            throw value_error(std::string(who) + ": positions[" + std::to_string(t) + "] = " + std::to_string(positions[t]) +
+                              " is negative");
 }
 
 }  // namespace detail
 
 /// In-place RoPE on x [T, H, d_h] (any token/head strides, unit channel stride), token t at positions[t].
 /// Only the first d_rot channels of each head rotate. fp32 angles, fp32 cos/sin; cos/sin are computed once per
-/// token and shared by all heads. Throws shape_error on a positions/T mismatch or a bad d_rot.
+/// token and shared by all heads. Throws shape_error on a positions/T mismatch, a bad d_rot or a bad view of x,
+/// value_error on a negative position, a base that is not finite and > 0, or an unknown mode.
 inline void rope(tensor_view<float, 3> x, std::span<const std::int64_t> positions, rope_mode mode, double base,
                  std::int64_t d_rot) {
-    detail::rope_check(x, positions, d_rot, "rope");
+    detail::rope_check(x, positions, mode, base, d_rot, "rope");
     if (mode == rope_mode::none || d_rot == 0) return;
     const std::int64_t half = d_rot / 2;
     std::vector<float> inv(static_cast<std::size_t>(half)), c(inv.size()), s(inv.size());
@@ -102,7 +119,7 @@ inline void rope(tensor_view<float, 3> x, std::int64_t pos0, rope_mode mode, dou
 /// time. x [T, H, d_h] of double, in place.
 inline void rope_ref(tensor_view<double, 3> x, std::span<const std::int64_t> positions, rope_mode mode, double base,
                      std::int64_t d_rot) {
-    detail::rope_check(x, positions, d_rot, "rope_ref");
+    detail::rope_check(x, positions, mode, base, d_rot, "rope_ref");
     if (mode == rope_mode::none || d_rot == 0) return;
     const std::int64_t half = d_rot / 2;
     std::vector<double> c(static_cast<std::size_t>(half)), s(c.size());

@@ -30,49 +30,53 @@ struct hf_mamba2_config {
 
 /// Reads an HF Mamba-2 config.json object (`origin` names the file in errors). Accepts `time_step_limit` as
 /// [lo, hi] with hi possibly Infinity in any spelling (the JSON reader maps them to ±inf), absent → (0, ∞).
-/// Throws config_error for a different model_type, a missing key, or settings hymix does not implement
-/// (rms_norm false, hidden_act other than silu, d_ssm < d_inner).
-inline hf_mamba2_config read_hf_mamba2_config(const io::json& j, const std::string& origin) {
-    const auto mt = io::get<std::string>(j, "model_type", "mamba2", origin);
-    if (mt != "mamba2") throw config_error(origin + ": model_type '" + mt + "' is not mamba2");
+/// Throws config_error for a different model_type, a missing key, a value out of range, or settings hymix does
+/// not implement (rms_norm false, hidden_act other than silu, d_ssm < d_inner); every message names `origin`,
+/// the JSON key and the value found (or the default used for an absent key).
+inline hf_mamba2_config read_hf_mamba2_config(const io::json& top, const std::string& origin) {
+    const io::config_keys j(top, origin);
+    const auto mt = j.get<std::string>("model_type", "mamba2");
+    if (mt != "mamba2") j.fail("model_type", "not mamba2");
     hf_mamba2_config c;
     auto& m = c.mixer;
-    m.d_model = io::require<std::int64_t>(j, "hidden_size", origin);
-    m.n_heads = io::require<std::int64_t>(j, "num_heads", origin);
-    m.head_dim = io::get<std::int64_t>(j, "head_dim", 64, origin);
-    m.d_state = io::get<std::int64_t>(j, "state_size", 128, origin);
-    m.n_groups = io::get<std::int64_t>(j, "n_groups", 8, origin);
-    m.d_conv = io::get<std::int64_t>(j, "conv_kernel", 4, origin);
-    m.chunk_size = io::get<std::int64_t>(j, "chunk_size", 256, origin);
-    m.expand = io::get<std::int64_t>(j, "expand", 2, origin);
-    m.conv_bias = io::get<bool>(j, "use_conv_bias", true, origin);
-    m.proj_bias = io::get<bool>(j, "use_bias", false, origin);
-    m.norm_eps = io::get<float>(j, "layer_norm_epsilon", 1e-5f, origin);
+    m.d_model = j.positive("hidden_size");
+    m.n_heads = j.positive("num_heads");
+    m.head_dim = j.positive("head_dim", 64);
+    m.d_state = j.positive("state_size", 128);
+    m.n_groups = j.positive("n_groups", 8);
+    m.d_conv = j.positive("conv_kernel", 4);
+    m.chunk_size = j.positive("chunk_size", 256);
+    m.expand = j.positive("expand", 2);
+    m.conv_bias = j.get<bool>("use_conv_bias", true);
+    m.proj_bias = j.get<bool>("use_bias", false);
+    m.norm_eps = static_cast<float>(j.finite_positive("layer_norm_epsilon", 1e-5));
     m.norm_group_size = m.n_heads * m.head_dim;  // HF eager path: one norm over all of d_inner
-    if (io::has(j, "time_step_limit")) {
-        const auto lim = io::require<std::vector<double>>(j, "time_step_limit", origin);
-        if (lim.size() != 2)
-            throw config_error(origin + ": time_step_limit must hold 2 numbers, found " + std::to_string(lim.size()));
+    if (j.has("time_step_limit")) {
+        const auto lim = j.require<std::vector<double>>("time_step_limit");
+        if (lim.size() != 2) j.fail("time_step_limit", "must hold 2 numbers [lo, hi], found " + std::to_string(lim.size()));
+        if (!(lim[0] >= 0.0 && lim[1] >= lim[0])) j.fail("time_step_limit", "must satisfy 0 <= lo <= hi (hi may be Infinity)");
         m.dt_limit.lo = static_cast<float>(lim[0]);
         m.dt_limit.hi = static_cast<float>(lim[1]);
     }
-    if (!io::get<bool>(j, "rms_norm", true, origin))
-        throw config_error(origin + ": rms_norm = false (no gated norm) is not supported by hymix's Mamba-2");
-    const auto act = io::get<std::string>(j, "hidden_act", "silu", origin);
-    if (act != "silu" && act != "swish")
-        throw config_error(origin + ": hidden_act '" + act + "' is not supported (expected silu)");
+    if (!j.get<bool>("rms_norm", true)) j.fail("rms_norm", "a Mamba-2 without the gated norm is not supported by hymix");
+    const auto act = j.get<std::string>("hidden_act", "silu");
+    if (act != "silu" && act != "swish") j.fail("hidden_act", "not supported (expected silu)", "\"silu\"");
+    if (m.n_heads % m.n_groups != 0)
+        j.fail("num_heads", "not a multiple of " + j.describe("n_groups", "8") + " (heads are split evenly over the B/C groups)");
     if (m.expand * m.d_model != m.n_heads * m.head_dim)
-        throw config_error(origin + ": expand * hidden_size = " + std::to_string(m.expand * m.d_model) +
-                           " differs from num_heads * head_dim = " + std::to_string(m.n_heads * m.head_dim) +
+        throw config_error(origin + ": " + j.describe("expand", "2") + " × " + j.describe("hidden_size") + " = " +
+                           std::to_string(m.expand * m.d_model) + " differs from " + j.describe("num_heads") + " × " +
+                           j.describe("head_dim", "64") + " = " + std::to_string(m.n_heads * m.head_dim) +
                            " (d_ssm < d_inner is not supported)");
-    m.validate();
     c.stack.d_model = m.d_model;
-    c.stack.vocab_size = io::require<std::int64_t>(j, "vocab_size", origin);
+    c.stack.vocab_size = j.positive("vocab_size");
     c.stack.norm_eps = m.norm_eps;
-    c.stack.tie_embeddings = io::get<bool>(j, "tie_word_embeddings", false, origin);
-    c.n_layers = io::require<std::int64_t>(j, "num_hidden_layers", origin);
-    if (c.n_layers <= 0) throw config_error(origin + ": num_hidden_layers must be positive, found " + std::to_string(c.n_layers));
-    c.stack.validate();
+    c.stack.tie_embeddings = j.get<bool>("tie_word_embeddings", false);
+    c.n_layers = j.positive("num_hidden_layers");
+    detail::validate_from_config(origin, [&] {
+        m.validate();
+        c.stack.validate();
+    });
     return c;
 }
 
@@ -81,37 +85,45 @@ inline hf_mamba2_config read_hf_mamba2_config(const io::json& j, const std::stri
 template <class Stack = hf_mamba2_stack>
 Stack load_hf_mamba2(checkpoint_reader& rd) {
     const auto c = read_hf_mamba2_config(rd.config(), rd.config_path());
+    const io::config_keys j(rd.config(), rd.config_path());
     const auto& m = c.mixer;
     const std::int64_t d = m.d_model, V = c.stack.vocab_size, H = m.n_heads, di = m.d_inner(), cd = m.conv_dim();
     Stack::schedule_type::check(schedule_kinds<every_layer<layer_kind::mamba2>>(c.n_layers));
+    // Each configurable extent with the keys it comes from, so that a tensor contradicting config.json names both.
+    const expected_dim dd(d, j.describe("hidden_size")), dV(V, j.describe("vocab_size")), dH(H, j.describe("num_heads"));
+    const std::string heads = j.describe("num_heads") + " × " + j.describe("head_dim", "64");
+    const expected_dim ddi(di, heads);
+    const expected_dim dcd(cd, heads + " + 2 × " + j.describe("n_groups", "8") + " × " + j.describe("state_size", "128"));
+    const expected_dim dnp(m.d_in_proj(), "2 × " + heads + " + 2 × " + j.describe("n_groups", "8") + " × " +
+                                             j.describe("state_size", "128") + " + " + j.describe("num_heads"));
+    const expected_dim dK(m.d_conv, j.describe("conv_kernel", "4"));
+    rd.check_layer_count("backbone.layers.", c.n_layers, j.describe("num_hidden_layers"));
     stack_weights w;
     // HF uses backbone.embeddings (plural); state-spaces exports use backbone.embedding.
     const std::string emb = rd.contains("backbone.embeddings.weight") || !rd.contains("backbone.embedding.weight")
                                 ? "backbone.embeddings.weight"
                                 : "backbone.embedding.weight";
-    w.embedding = rd.take(emb, {V, d});
-    w.final_norm = rd.take("backbone.norm_f.weight", {d});
-    if (!c.stack.tie_embeddings)
-        w.lm_head = rd.take("lm_head.weight", {V, d});
-    else if (rd.contains("lm_head.weight"))
-        rd.skip("lm_head.weight");  // a saved copy of the tied embedding
+    w.embedding = rd.take(emb, {dV, dd});
+    w.final_norm = rd.take("backbone.norm_f.weight", {dd});
+    w.lm_head = rd.take_lm_head(c.stack.tie_embeddings, j.describe("tie_word_embeddings", "false"), w.embedding, {dV, dd}, emb);
+    const std::string conv_bias = j.describe("use_conv_bias", "true"), proj_bias = j.describe("use_bias", "false");
     std::vector<typename Stack::layer> layers;
     layers.reserve(static_cast<std::size_t>(c.n_layers));
     for (std::int64_t i = 0; i < c.n_layers; ++i) {
         const std::string p = "backbone.layers." + std::to_string(i) + ".";
         const std::string q = p + "mixer.";
         mamba2_weights mw;
-        mw.in_proj = rd.take(q + "in_proj.weight", {m.d_in_proj(), d});
-        if (m.proj_bias) mw.in_proj_bias = rd.take(q + "in_proj.bias", {m.d_in_proj()});
-        mw.conv1d_weight = rd.take_conv(q + "conv1d.weight", cd, m.d_conv);
-        if (m.conv_bias) mw.conv1d_bias = rd.take(q + "conv1d.bias", {cd});
-        mw.dt_bias = rd.take(q + "dt_bias", {H});
-        mw.A_log = rd.take(q + "A_log", {H});
-        mw.D = rd.take(q + "D", {H});
-        mw.norm_weight = rd.take(q + "norm.weight", {di});
-        mw.out_proj = rd.take(q + "out_proj.weight", {d, di});
-        if (m.proj_bias) mw.out_proj_bias = rd.take(q + "out_proj.bias", {d});
-        auto norm = rd.take(p + "norm.weight", {d});
+        mw.in_proj = rd.take(q + "in_proj.weight", {dnp, dd});
+        mw.in_proj_bias = rd.take_if(m.proj_bias, proj_bias, q + "in_proj.bias", {dnp});
+        mw.conv1d_weight = rd.take_conv(q + "conv1d.weight", dcd, dK);
+        mw.conv1d_bias = rd.take_if(m.conv_bias, conv_bias, q + "conv1d.bias", {dcd});
+        mw.dt_bias = rd.take(q + "dt_bias", {dH});
+        mw.A_log = rd.take(q + "A_log", {dH});
+        mw.D = rd.take(q + "D", {dH});
+        mw.norm_weight = rd.take(q + "norm.weight", {ddi});
+        mw.out_proj = rd.take(q + "out_proj.weight", {dd, ddi});
+        mw.out_proj_bias = rd.take_if(m.proj_bias, proj_bias, q + "out_proj.bias", {dd});
+        auto norm = rd.take(p + "norm.weight", {dd});
         layers.emplace_back(std::move(norm), typename Stack::mixer_variant(std::in_place_type<mamba2>, m, std::move(mw)));
     }
     rd.finish();

@@ -1,7 +1,10 @@
 // kernels::linear (spec.md §0: y = x Wᵀ + b, weights [out, in]) against its double-precision twin linear_ref:
-// small-M (decode) and large-M (Eigen GEMM) paths, odd sizes, bias, 1 and 2 threads, strided views, shape errors.
+// decode and prefill sizes, odd sizes, bias, 1 and 2 threads, strided views, shape errors; and batch invariance:
+// a row's output is bit-identical at every position of every batch size, and follows the documented order.
 #include <doctest/doctest.h>
 
+#include <bit>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -55,7 +58,7 @@ TEST_CASE("linear matches linear_ref for M = 1..300, odd N and K, with and witho
     }
 }
 
-TEST_CASE("linear at model sizes: small-M path splits N across threads, large-M path uses several column blocks") {
+TEST_CASE("linear at model sizes: N split across threads, rows in several L2 blocks") {
     std::uint64_t seed = 5000;
     for (int threads : {1, 2}) {
         const cpu_backend be(threads);
@@ -65,6 +68,9 @@ TEST_CASE("linear at model sizes: small-M path splits N across threads, large-M 
             CHECK(linear_error(be, M, 771, 768, true, seed += 3) < 1e-5);
             CHECK(linear_error(be, M, 1030, 129, false, seed += 3) < 1e-5);
         }
+        // K large enough that the rows come in several blocks (the x block is sized for L2).
+        CAPTURE(threads);
+        CHECK(linear_error(be, 150, 67, 4099, true, seed += 3) < 1e-5);
     }
 }
 
@@ -169,4 +175,154 @@ TEST_CASE("linear: the output may not overlap itself, x, the weight or the bias 
                                          tensor_view<float, 2>(out.data(), {4, 5})),
                          doctest::Contains("linear: weight [5, 6] needs unit stride"), shape_error);
     CHECK_NOTHROW(kernels::linear(be, x, w, buf.data() + 200, tensor_view<float, 2>(out.data(), {4, 5}, {20, 1})));
+}
+
+namespace {
+
+/// Bits of a float (so -0 differs from +0 and NaNs compare by payload).
+std::uint32_t bits(float v) { return std::bit_cast<std::uint32_t>(v); }
+
+/// A pool of P random rows x [P, K] (row stride ldx ≥ K) and weights w [N, K], bias [N].
+struct invariance_case {
+    std::int64_t P, N, K, ldx;
+    std::vector<float> xs, ws, bs;
+    invariance_case(std::int64_t p, std::int64_t n, std::int64_t k, std::int64_t ld, std::uint64_t seed)
+        : P(p), N(n), K(k), ldx(ld), xs(test::uniform(static_cast<std::size_t>(p * ld), -1.f, 1.f, seed)),
+          ws(test::uniform(static_cast<std::size_t>(n * k), -1.f, 1.f, seed + 1)),
+          bs(test::uniform(static_cast<std::size_t>(n), -1.f, 1.f, seed + 2)) {}
+    tensor_view<const float, 2> w() const { return tensor_view<const float, 2>(ws.data(), {N, K}); }  // [N, K]
+
+    /// y [M, N] for the rows rows[0..M) of the pool, gathered into a batch with row stride ldx.
+    std::vector<float> run(const cpu_backend& be, const std::vector<std::int64_t>& rows, bool bias) const {
+        const auto M = static_cast<std::int64_t>(rows.size());
+        std::vector<float> xb(static_cast<std::size_t>(M * ldx), 0.f);
+        for (std::int64_t i = 0; i < M; ++i)
+            std::copy_n(xs.data() + rows[static_cast<std::size_t>(i)] * ldx, K, xb.data() + i * ldx);
+        std::vector<float> y(static_cast<std::size_t>(M * N), -7.f);
+        kernels::linear(be, tensor_view<const float, 2>(xb.data(), {M, K}, {ldx, 1}), w(), bias ? bs.data() : nullptr,
+                        tensor_view<float, 2>(y.data(), {M, N}));
+        return y;
+    }
+};
+
+}  // namespace
+
+// The property that makes a sequence's logits independent of the rest of its batch (issue 11, item 4): every
+// pool row is run alone on one thread, then inside batches of M = 1 … 300 rows at rotating offsets (so it lands
+// at every position of a register tile and of an L2 row block) on 1 and 2 threads; its outputs must be the same
+// bits. Shapes: K a multiple of the SIMD width and not, N not a multiple of the tile width, a row stride > K, and
+// a K large enough for several row blocks.
+TEST_CASE("linear is batch-invariant: a row's outputs are bit-identical at any position in any batch size") {
+    const std::int64_t shapes[][4] = {{37, 771, 771, 12}, {130, 256, 260, 13}, {771, 768, 768, 14}, {45, 4099, 4101, 15}};
+    for (const auto& sh : shapes) {
+        const std::int64_t P = 301;
+        const invariance_case ic(P, sh[0], sh[1], sh[2], static_cast<std::uint64_t>(sh[3]) * 1000);
+        for (bool bias : {false, true}) {
+            const cpu_backend one(1);
+            std::vector<std::vector<float>> alone(static_cast<std::size_t>(P));
+            for (std::int64_t p = 0; p < P; ++p) alone[static_cast<std::size_t>(p)] = ic.run(one, {p}, bias);
+            for (int threads : {1, 2}) {
+                const cpu_backend be(threads);
+                for (std::int64_t M : {1, 2, 3, 7, 8, 9, 17, 64, 300}) {
+                    for (std::int64_t offset : {std::int64_t{0}, std::int64_t{1}, std::int64_t{2}, std::int64_t{3}, P - M / 2}) {
+                        std::vector<std::int64_t> rows(static_cast<std::size_t>(M));
+                        for (std::int64_t i = 0; i < M; ++i) rows[static_cast<std::size_t>(i)] = (offset + i) % P;
+                        const auto y = ic.run(be, rows, bias);
+                        std::int64_t mismatches = 0;
+                        for (std::int64_t i = 0; i < M; ++i) {
+                            const auto& a = alone[static_cast<std::size_t>(rows[static_cast<std::size_t>(i)])];
+                            for (std::int64_t n = 0; n < ic.N; ++n)
+                                mismatches += bits(y[static_cast<std::size_t>(i * ic.N + n)]) != bits(a[static_cast<std::size_t>(n)]);
+                        }
+                        CAPTURE(ic.N);
+                        CAPTURE(ic.K);
+                        CAPTURE(bias);
+                        CAPTURE(threads);
+                        CAPTURE(M);
+                        CAPTURE(offset);
+                        CHECK(mismatches == 0);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// The order the kernel promises (linear.hpp, detail): lane l sums x·w over k ≡ l (mod W) with one multiply-add per
+// term (fused on FMA hardware), the lanes are summed by halving, then the bias is added. Emulated here in scalar
+// code with std::fma; the kernel must reproduce it bit for bit for every tile shape it uses (M, N over 2 tiles).
+template <class Backend>
+void check_documented_order() {
+    constexpr std::int64_t W = static_cast<std::int64_t>(Backend::simd_width());
+    const Backend be(1);
+    for (std::int64_t K : {std::int64_t{1}, W - 1, W, 3 * W + 5, std::int64_t{200}}) {
+        const std::int64_t M = 9, N = 17;
+        const auto xs = test::uniform(static_cast<std::size_t>(M * K), -1.f, 1.f, 70 + K);
+        const auto ws = test::uniform(static_cast<std::size_t>(N * K), -1.f, 1.f, 71 + K);
+        const auto bs = test::uniform(static_cast<std::size_t>(N), -1.f, 1.f, 72 + K);
+        std::int64_t mismatches = 0;
+        for (std::int64_t rows : {M, std::int64_t{1}, std::int64_t{2}}) {  // row blocks of 4 (3) and of 1 or 2 rows
+            std::vector<float> y(static_cast<std::size_t>(rows * N));
+            kernels::linear(be, tensor_view<const float, 2>(xs.data(), {rows, K}), tensor_view<const float, 2>(ws.data(), {N, K}),
+                            bs.data(), tensor_view<float, 2>(y.data(), {rows, N}));
+            for (std::int64_t m = 0; m < rows; ++m)
+                for (std::int64_t n = 0; n < N; ++n) {
+                    std::vector<float> lane(static_cast<std::size_t>(W), 0.f);
+                    for (std::int64_t k = 0; k < K; ++k) {
+                        float& l = lane[static_cast<std::size_t>(k % W)];
+                        const float a = xs[static_cast<std::size_t>(m * K + k)], b = ws[static_cast<std::size_t>(n * K + k)];
+                        if constexpr (kernels::detail::mul_add_is_fused<typename Backend::arch>()) {
+                            l = std::fma(a, b, l);
+                        } else {
+                            const volatile float p = a * b;  // rounded on its own: no contraction into an fma
+                            l = p + l;
+                        }
+                    }
+                    for (std::int64_t h = W / 2; h >= 1; h /= 2)
+                        for (std::int64_t i = 0; i < h; ++i)
+                            lane[static_cast<std::size_t>(i)] = lane[static_cast<std::size_t>(i)] + lane[static_cast<std::size_t>(i + h)];
+                    const float expect = lane[0] + bs[static_cast<std::size_t>(n)];
+                    mismatches += bits(expect) != bits(y[static_cast<std::size_t>(m * N + n)]);
+                }
+        }
+        CAPTURE(W);
+        CAPTURE(K);
+        CHECK(mismatches == 0);
+    }
+}
+
+TEST_CASE("linear sums each output in the documented order (fma per lane, halving lane tree, then bias)") {
+    check_documented_order<cpu_backend>();
+    if constexpr (xsimd::avx2::supported())
+        check_documented_order<basic_cpu_backend<xsimd::avx2>>();  // 8 lanes: the generic tree and tail paths
+    else
+        MESSAGE("SKIPPED the AVX2 variant: this build has no AVX2");
+}
+
+// Other SIMD widths take the generic paths (3 × 3 tiles, a lane-by-lane tree, zero-padded tails): the same
+// properties hold there.
+TEST_CASE("linear on an AVX2 backend (8 lanes): matches linear_ref and is batch-invariant") {
+    using avx2_backend = basic_cpu_backend<xsimd::avx2>;
+    if constexpr (xsimd::avx2::supported()) {
+        const avx2_backend be1(1), be2(2);
+        const std::int64_t P = 40, N = 29, K = 83;
+        const auto xs = test::uniform(static_cast<std::size_t>(P * K), -1.f, 1.f, 91);
+        const auto ws = test::uniform(static_cast<std::size_t>(N * K), -1.f, 1.f, 92);
+        const auto bs = test::uniform(static_cast<std::size_t>(N), -1.f, 1.f, 93);
+        const tensor_view<const float, 2> w(ws.data(), {N, K});  // [N, K]
+        std::vector<float> all(static_cast<std::size_t>(P * N));
+        kernels::linear(be2, tensor_view<const float, 2>(xs.data(), {P, K}), w, bs.data(), tensor_view<float, 2>(all.data(), {P, N}));
+        std::vector<double> ref(all.size());
+        kernels::linear_ref(tensor_view<const float, 2>(xs.data(), {P, K}), w, bs.data(), tensor_view<double, 2>(ref.data(), {P, N}));
+        CHECK(test::rel_error(all, ref) < 1e-5);
+        std::int64_t mismatches = 0;
+        for (std::int64_t p = 0; p < P; ++p) {
+            std::vector<float> one(static_cast<std::size_t>(N));
+            kernels::linear(be1, tensor_view<const float, 2>(xs.data() + p * K, {1, K}), w, bs.data(), tensor_view<float, 2>(one.data(), {1, N}));
+            for (std::int64_t n = 0; n < N; ++n) mismatches += bits(one[static_cast<std::size_t>(n)]) != bits(all[static_cast<std::size_t>(p * N + n)]);
+        }
+        CHECK(mismatches == 0);
+    } else {
+        MESSAGE("SKIPPED: this build has no AVX2");
+    }
 }

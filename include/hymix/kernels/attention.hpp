@@ -422,8 +422,10 @@ void attention_prefill(const Backend& be, std::span<const attention_problem<floa
 }
 
 /// Decode: every problem has exactly one query row (Tq = 1, else shape_error) over Tk cached keys. Work items
-/// are (problem, KV head, key block): all H/H_kv query heads of a group share each K/V read, and when there are
-/// few sequences the key range is split across threads and the partial results merged through their LSE.
+/// are (problem, KV head, key block): all H/H_kv query heads of a group share each K/V read, and a long key range
+/// is split into blocks of at least 1024 keys, run in parallel and merged through their LSE in block order. The
+/// blocks depend on the sequence's own key count only — never on the thread count or the rest of the batch — so a
+/// sequence's output is the same bits in any batch (batch invariance, spec.md §0).
 template <cpu_backend_type Backend>
 void attention_decode(const Backend& be, std::span<const attention_problem<float>> problems, const attention_params& prm) {
     using Arch = typename Backend::arch;
@@ -431,15 +433,16 @@ void attention_decode(const Backend& be, std::span<const attention_problem<float
         std::int64_t p, hk, j0, j1, slot;  // slot: first row of this item's partial results
     };
     std::vector<item> items;
+<<<<<<< HEAD
     std::int64_t n_groups = 0;
     detail::attention_check_params(prm, "attention_decode");
+=======
+>>>>>>> batchinv
     for (const auto& p : problems) {
         detail::attention_check(p, "attention_decode");
         if (p.q.dim(0) != 1)
             throw shape_error("attention_decode: every sequence must have exactly 1 query token, found " + std::to_string(p.q.dim(0)));
-        n_groups += p.k.dim(1);
     }
-    const std::int64_t threads = be.num_threads();
     constexpr std::int64_t min_keys = 1024;
     std::int64_t n_partial = 0;
     for (std::size_t pi = 0; pi < problems.size(); ++pi) {
@@ -448,8 +451,7 @@ void attention_decode(const Backend& be, std::span<const attention_problem<float
         std::int64_t lo, hi;
         detail::visible_keys(0, 1, Tk, prm.window, lo, hi);
         const std::int64_t n = hi - lo;
-        std::int64_t splits = std::max<std::int64_t>(1, (8 * threads + n_groups - 1) / std::max<std::int64_t>(n_groups, 1));
-        splits = std::max<std::int64_t>(1, std::min(splits, n / min_keys));
+        const std::int64_t splits = std::max<std::int64_t>(1, n / min_keys);
         const std::int64_t len = (n + splits - 1) / splits;
         for (std::int64_t hk = 0; hk < Hkv; ++hk)
             for (std::int64_t s = 0; s < splits; ++s) {

@@ -87,20 +87,17 @@ any_stack make_model(std::uint64_t seed) {
         mlp.up_proj = rnd({F, D}, -0.2f, 0.2f, s + 2);
         mlp.down_proj = rnd({D, F}, -0.2f, 0.2f, s + 3);
         auto mx = [&]() -> any_stack::mixer_variant {
-            switch (kinds[i]) {
-                case layer_kind::mamba2: {
-                    auto mw = mamba2_weights::random(mamba_cfg(), s + 4);
-                    for (auto& x : mw.out_proj.span()) x *= 10.f;
-                    return any_stack::mixer_variant(std::in_place_type<mamba2>, mamba_cfg(), std::move(mw));
-                }
-                case layer_kind::gated_deltanet: {
-                    auto gw = gated_deltanet_weights::random(gdn_cfg(), s + 5);
-                    for (auto& x : gw.out_proj.span()) x *= 20.f;
-                    return any_stack::mixer_variant(std::in_place_type<gated_deltanet>, gdn_cfg(), std::move(gw));
-                }
-                default:
-                    return any_stack::mixer_variant(std::in_place_type<attention>, attn_cfg(), attention_weights::random(attn_cfg(), s + 6));
+            if (kinds[i] == layer_kind::mamba2) {
+                auto mw = mamba2_weights::random(mamba_cfg(), s + 4);
+                for (auto& x : mw.out_proj.span()) x *= 10.f;
+                return any_stack::mixer_variant(std::in_place_type<mamba2>, mamba_cfg(), std::move(mw));
             }
+            if (kinds[i] == layer_kind::gated_deltanet) {
+                auto gw = gated_deltanet_weights::random(gdn_cfg(), s + 5);
+                for (auto& x : gw.out_proj.span()) x *= 20.f;
+                return any_stack::mixer_variant(std::in_place_type<gated_deltanet>, gdn_cfg(), std::move(gw));
+            }
+            return any_stack::mixer_variant(std::in_place_type<attention>, attn_cfg(), attention_weights::random(attn_cfg(), s + 6));
         }();
         layers.emplace_back(rnd({D}, -0.3f, 0.3f, s + 7), std::move(mx), rnd({D}, -0.3f, 0.3f, s + 8), std::move(mlp));
     }

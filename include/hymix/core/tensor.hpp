@@ -222,7 +222,7 @@ private:
         if (shape_.size() != R)
             throw shape_error("view of rank " + std::to_string(R) + " requested for a tensor of shape " + shape_string(shape_));
         std::array<std::int64_t, R> a{};
-        std::copy(shape_.begin(), shape_.end(), a.begin());
+        for (std::size_t i = 0; i < R; ++i) a[i] = shape_[i];
         return a;
     }
     void allocate() {

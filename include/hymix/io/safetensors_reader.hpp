@@ -334,7 +334,7 @@ public:
                               std::to_string(R));
         const std::byte* p = data_begin() + t.begin;
         std::array<std::int64_t, R> s{};
-        std::copy(t.shape.begin(), t.shape.end(), s.begin());
+        for (std::size_t i = 0; i < R; ++i) s[i] = t.shape[i];  // (a copy into a rank-0 array trips GCC 13's -Wnonnull)
         if (t.nbytes() == 0) return tensor_view<const T, R>(nullptr, s);  // nothing to point at
         if (reinterpret_cast<std::uintptr_t>(p) % alignof(T) != 0)
             throw format_error(origin_ + ": tensor '" + t.name + "' data at file offset " +

@@ -433,11 +433,7 @@ void attention_decode(const Backend& be, std::span<const attention_problem<float
         std::int64_t p, hk, j0, j1, slot;  // slot: first row of this item's partial results
     };
     std::vector<item> items;
-<<<<<<< HEAD
-    std::int64_t n_groups = 0;
     detail::attention_check_params(prm, "attention_decode");
-=======
->>>>>>> batchinv
     for (const auto& p : problems) {
         detail::attention_check(p, "attention_decode");
         if (p.q.dim(0) != 1)

@@ -60,7 +60,7 @@ template <class Arch>
 struct op_impl<ops::rope_op, basic_cpu_backend<Arch>> {
     static void run(const basic_cpu_backend<Arch>& be, tensor_view<float, 3> x, std::span<const std::int64_t> pos,
                     kernels::rope_mode mode, double theta, std::int64_t d_rot) {
-        kernels::detail::rope_check(x, pos, d_rot, "rope");
+        kernels::detail::rope_check(x, pos, mode, theta, d_rot, "rope");
         be.parallel_for(x.dim(0), 16, [&](std::int64_t r0, std::int64_t r1) {
             kernels::rope(x.slice(r0, r1 - r0), pos.subspan(static_cast<std::size_t>(r0), static_cast<std::size_t>(r1 - r0)), mode,
                           theta, d_rot);

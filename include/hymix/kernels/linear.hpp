@@ -38,10 +38,17 @@ namespace detail {
 //   1. lane l accumulates x[m, k]·w[n, k] for k ≡ l (mod W) in increasing k, one multiply-add per term (fused
 //      wherever the target has FMA: see mul_add), starting from +0; the last K % W terms are zero-padded;
 //   2. the W lanes are summed by halving: v[i] ← v[i] + v[i + h] for h = W/2, W/4, …, 1 (lane_tree_sum);
-//   3. then the bias is added: y = v[0] + b[n].
+//   3. then the bias, if any, is added: y = v[0] + b[n].
 // Every tile shape and every code path below computes exactly this. Speed comes from the blocking instead: decode
 // (M ≤ 2 rows, or a few row tiles) streams each weight row once for all rows; prefill keeps a block of x in L2
 // while weight tiles pass through L1, each loaded vector feeding several FMAs (../shared/docs/machine.md).
+
+/// Calls f(std::integral_constant<int, i>{}) for i = 0 … N−1, unrolled: indices stay compile-time constants, so the
+/// arrays of accumulators indexed by them stay in registers.
+template <int N, class F>
+inline void static_for(F&& f) {
+    [&]<int... I>(std::integer_sequence<int, I...>) { (f(std::integral_constant<int, I>{}), ...); }(std::make_integer_sequence<int, N>{});
+}
 
 /// Step 2 for one vector, written lane by lane.
 template <class Arch>
@@ -55,56 +62,85 @@ inline float lane_tree_sum(xsimd::batch<float, Arch> v) {
 }
 
 #if defined(__AVX512F__)
-/// Step 2 for up to 16 AVX-512 accumulators at once (a transposing tree: ~1 add and 2 shuffles per output instead
-/// of ~8 ops). Level 1 adds 256-bit halves, level 2 128-bit quarters, levels 3 and 4 lanes 2 and 1 apart, always
-/// lower + upper, so each output is the same tree as lane_tree_sum. Input i ends in lane 4·(i % 4) + i / 4.
-template <int Count>
-inline __m512 lane_tree_sum16(const __m512* v) {
+/// Step 2 for Count ≤ 16 AVX-512 accumulators at once, a transposing tree (about one add and two shuffles per
+/// output): level 1 adds 256-bit halves, level 2 128-bit quarters, levels 3 and 4 lanes 2 and 1 apart, always lower +
+/// upper, so each output is lane_tree_sum's tree. get(i) gives accumulator i; its sum ends in lane i. (Tree position p
+/// ends in lane 4·(p % 4) + p / 4, a 4 × 4 transpose, so accumulator i goes in at that position.)
+template <int Count, class Get>
+inline __m512 lane_tree_sum16(Get&& get) {
     static_assert(Count >= 1 && Count <= 16);
-    auto level = [](__m512 a, __m512 b, auto lo_sel, auto hi_sel) { return _mm512_add_ps(lo_sel(a, b), hi_sel(a, b)); };
-    __m512 l1[8], l2[4], l3[2];
-    for (int i = 0; i < 8; ++i) {
-        if (2 * i >= Count) break;
-        const __m512 a = v[2 * i], b = 2 * i + 1 < Count ? v[2 * i + 1] : a;
-        l1[i] = level(a, b, [](__m512 p, __m512 q) { return _mm512_mask_shuffle_f32x4(p, 0xFFFF, p, q, _MM_SHUFFLE(1, 0, 1, 0)); },
-                      [](__m512 p, __m512 q) { return _mm512_mask_shuffle_f32x4(p, 0xFFFF, p, q, _MM_SHUFFLE(3, 2, 3, 2)); });
-    }
-    const int n1 = (Count + 1) / 2, n2 = (n1 + 1) / 2, n3 = (n2 + 1) / 2;
-    for (int i = 0; i < n2; ++i) {
-        const __m512 a = l1[2 * i], b = 2 * i + 1 < n1 ? l1[2 * i + 1] : a;
-        l2[i] = level(a, b, [](__m512 p, __m512 q) { return _mm512_mask_shuffle_f32x4(p, 0xFFFF, p, q, _MM_SHUFFLE(2, 0, 2, 0)); },
-                      [](__m512 p, __m512 q) { return _mm512_mask_shuffle_f32x4(p, 0xFFFF, p, q, _MM_SHUFFLE(3, 1, 3, 1)); });
-    }
-    for (int i = 0; i < n3; ++i) {
-        const __m512 a = l2[2 * i], b = 2 * i + 1 < n2 ? l2[2 * i + 1] : a;
-        l3[i] = level(a, b, [](__m512 p, __m512 q) { return _mm512_mask_shuffle_ps(p, 0xFFFF, p, q, _MM_SHUFFLE(1, 0, 1, 0)); },
-                      [](__m512 p, __m512 q) { return _mm512_mask_shuffle_ps(p, 0xFFFF, p, q, _MM_SHUFFLE(3, 2, 3, 2)); });
-    }
-    const __m512 a = l3[0], b = n3 > 1 ? l3[1] : a;
-    return level(a, b, [](__m512 p, __m512 q) { return _mm512_mask_shuffle_ps(p, 0xFFFF, p, q, _MM_SHUFFLE(2, 0, 2, 0)); },
+    // Which tree positions at each level hold a real sum (the rest are never computed).
+    constexpr auto live0 = [](int p) { return 4 * (p % 4) + p / 4 < Count; };
+    constexpr auto live1 = [=](int i) { return live0(2 * i) || live0(2 * i + 1); };
+    constexpr auto live2 = [=](int i) { return live1(2 * i) || live1(2 * i + 1); };
+    constexpr auto live3 = [=](int i) { return live2(2 * i) || live2(2 * i + 1); };
+    // One tree level for a pair (a, b): the lower parts of both plus their upper parts; a lone live input pairs with itself.
+    auto level = [](__m512 a, __m512 b, bool b_live, auto lo, auto hi) {
+        if (!b_live) b = a;
+        return _mm512_add_ps(lo(a, b), hi(a, b));
+    };
+    __m512 l0[16], l1[8], l2[4], l3[2];
+    static_for<16>([&](auto p) {
+        if constexpr (live0(p)) l0[p] = get(std::integral_constant<int, 4 * (p % 4) + p / 4>{});
+    });
+    static_for<8>([&](auto i) {
+        if constexpr (live1(i))
+            l1[i] = level(l0[live0(2 * i) ? 2 * i : 2 * i + 1], l0[2 * i + 1], live0(2 * i) && live0(2 * i + 1),
+                          [](__m512 p, __m512 q) { return _mm512_mask_shuffle_f32x4(p, 0xFFFF, p, q, _MM_SHUFFLE(1, 0, 1, 0)); },
+                          [](__m512 p, __m512 q) { return _mm512_mask_shuffle_f32x4(p, 0xFFFF, p, q, _MM_SHUFFLE(3, 2, 3, 2)); });
+    });
+    static_for<4>([&](auto i) {
+        if constexpr (live2(i))
+            l2[i] = level(l1[live1(2 * i) ? 2 * i : 2 * i + 1], l1[2 * i + 1], live1(2 * i) && live1(2 * i + 1),
+                          [](__m512 p, __m512 q) { return _mm512_mask_shuffle_f32x4(p, 0xFFFF, p, q, _MM_SHUFFLE(2, 0, 2, 0)); },
+                          [](__m512 p, __m512 q) { return _mm512_mask_shuffle_f32x4(p, 0xFFFF, p, q, _MM_SHUFFLE(3, 1, 3, 1)); });
+    });
+    static_for<2>([&](auto i) {
+        if constexpr (live3(i))
+            l3[i] = level(l2[live2(2 * i) ? 2 * i : 2 * i + 1], l2[2 * i + 1], live2(2 * i) && live2(2 * i + 1),
+                          [](__m512 p, __m512 q) { return _mm512_mask_shuffle_ps(p, 0xFFFF, p, q, _MM_SHUFFLE(1, 0, 1, 0)); },
+                          [](__m512 p, __m512 q) { return _mm512_mask_shuffle_ps(p, 0xFFFF, p, q, _MM_SHUFFLE(3, 2, 3, 2)); });
+    });
+    return level(l3[live3(0) ? 0 : 1], l3[1], live3(0) && live3(1),
+                 [](__m512 p, __m512 q) { return _mm512_mask_shuffle_ps(p, 0xFFFF, p, q, _MM_SHUFFLE(2, 0, 2, 0)); },
                  [](__m512 p, __m512 q) { return _mm512_mask_shuffle_ps(p, 0xFFFF, p, q, _MM_SHUFFLE(3, 1, 3, 1)); });
 }
 #endif
 
-/// Step 2 for Count accumulators: out[i] = lane_tree_sum(acc[i]).
-template <class Arch, int Count>
-inline void lane_tree_sums(const xsimd::batch<float, Arch>* acc, float* out) {
+/// Steps 2 and 3 for a tile: y[m0 + r, n0 + c] = lane_tree_sum(acc[r·C + c]) (+ bias[n0 + c]).
+template <class Arch, int R, int C>
+inline void linear_store_tile(const xsimd::batch<float, Arch> (&acc)[R * C], const float* bias, tensor_view<float, 2> y,
+                              std::int64_t m0, std::int64_t n0) {
 #if defined(__AVX512F__)
     if constexpr (std::is_base_of_v<xsimd::avx512f, Arch>) {
-        [&]<int... G>(std::integer_sequence<int, G...>) {
-            ([&] {
-                constexpr int first = 16 * G, n = std::min(16, Count - first);
-                __m512 v[n];
-                for (int i = 0; i < n; ++i) v[i] = acc[first + i];
-                alignas(64) float lanes[16];
-                _mm512_store_ps(lanes, lane_tree_sum16<n>(v));
-                for (int i = 0; i < n; ++i) out[first + i] = lanes[4 * (i % 4) + i / 4];
-            }(), ...);
-        }(std::make_integer_sequence<int, (Count + 15) / 16>{});
+        // Groups of 16 outputs in row-major tile order; each row's run of lanes is shifted down to lane 0, gets its
+        // bias and is stored with a mask.
+        static_for<(R * C + 15) / 16>([&](auto g) {
+            constexpr int first = 16 * g, n = std::min(16, R * C - first);
+            const __m512 sums = lane_tree_sum16<n>([&](auto i) -> __m512 { return acc[first + i]; });
+            static_for<R>([&](auto r) {
+                constexpr int lo = std::max<int>(r * C, first), hi = std::min<int>((r + 1) * C, first + n);
+                if constexpr (lo < hi) {
+                    constexpr int c0 = lo - r * C, shift = lo - first;
+                    constexpr auto mask = static_cast<__mmask16>((1u << (hi - lo)) - 1);
+                    __m512 v = sums;
+                    if constexpr (shift > 0) {
+                        const __m512i from = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+                        v = _mm512_maskz_permutexvar_ps(0xFFFF, _mm512_add_epi32(from, _mm512_set1_epi32(shift)), v);
+                    }
+                    if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, bias + n0 + c0));
+                    _mm512_mask_storeu_ps(&y(m0 + r, n0 + c0), mask, v);
+                }
+            });
+        });
         return;
     }
 #endif
-    for (int i = 0; i < Count; ++i) out[i] = lane_tree_sum<Arch>(acc[i]);
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) {
+            const float v = lane_tree_sum<Arch>(acc[r * C + c]);
+            y(m0 + r, n0 + c) = bias ? v + bias[n0 + c] : v;
+        }
 }
 
 /// Makes the compiler keep v in a register: without it GCC folds every use of a weight vector into its FMA as a
@@ -155,6 +191,25 @@ inline xsimd::batch<float, Arch> mul_add(xsimd::batch<float, Arch> x, xsimd::bat
     return p + acc;
 }
 
+/// Loads of the last K % W terms of a row, zero-padded to a full vector (step 1's tail).
+template <class Arch>
+inline auto tail_loader(std::int64_t n) {
+    using B = xsimd::batch<float, Arch>;
+#if defined(__AVX512F__)
+    if constexpr (std::is_base_of_v<xsimd::avx512f, Arch>) {
+        const auto mask = static_cast<__mmask16>((1u << n) - 1);
+        return [mask](const float* p) { return B(_mm512_maskz_loadu_ps(mask, p)); };
+    } else
+#endif
+    {
+        return [n](const float* p) {
+            alignas(64) float t[B::size] = {};
+            std::copy(p, p + n, t);
+            return B::load_aligned(t);
+        };
+    }
+}
+
 /// Register tile: y[m0 + r, n0 + c] for r < R, c < C (step 1 for R·C outputs, then steps 2 and 3). Each loaded
 /// x vector feeds C FMAs and each loaded w vector R FMAs.
 template <class Arch, int R, int C>
@@ -165,47 +220,24 @@ inline void linear_tile(tensor_view<const float, 2> x, tensor_view<const float, 
     const std::int64_t K = x.dim(1), Kv = K / W * W;
     const float* xr[R];
     const float* wr[C];
-    for (int r = 0; r < R; ++r) xr[r] = &x(m0 + r, 0);
-    for (int c = 0; c < C; ++c) wr[c] = &w(n0 + c, 0);
+    static_for<R>([&](auto r) { xr[r] = &x(m0 + r, 0); });
+    static_for<C>([&](auto c) { wr[c] = &w(n0 + c, 0); });
     B acc[R * C];
-    for (int i = 0; i < R * C; ++i) acc[i] = B(0.f);
-    auto step = [&](const float* const* xp, const float* const* wp, std::int64_t k) {
+    static_for<R * C>([&](auto i) { acc[i] = B(0.f); });
+    auto step = [&](std::int64_t k, auto load) {  // terms k … k + W − 1 of every output of the tile
         B wv[C];
-        for (int c = 0; c < C; ++c) {
-            wv[c] = B::load_unaligned(wp[c] + k);
+        static_for<C>([&](auto c) {
+            wv[c] = load(wr[c] + k);
             if constexpr (R > 1) pin_register(wv[c]);
-        }
-        for (int r = 0; r < R; ++r) {
-            const B xv = B::load_unaligned(xp[r] + k);
-            for (int c = 0; c < C; ++c) acc[r * C + c] = mul_add<Arch>(xv, wv[c], acc[r * C + c]);
-        }
+        });
+        static_for<R>([&](auto r) {
+            const B xv = load(xr[r] + k);
+            static_for<C>([&](auto c) { acc[r * C + c] = mul_add<Arch>(xv, wv[c], acc[r * C + c]); });
+        });
     };
-    for (std::int64_t k = 0; k < Kv; k += W) step(xr, wr, k);
-    if (Kv < K) {  // the last K % W terms, zero-padded to a full vector
-#if defined(__AVX512F__)
-        if constexpr (std::is_base_of_v<xsimd::avx512f, Arch>) {
-            const auto mask = static_cast<__mmask16>((1u << (K - Kv)) - 1);
-            B wv[C];
-            for (int c = 0; c < C; ++c) wv[c] = _mm512_maskz_loadu_ps(mask, wr[c] + Kv);
-            for (int r = 0; r < R; ++r) {
-                const B xv = _mm512_maskz_loadu_ps(mask, xr[r] + Kv);
-                for (int c = 0; c < C; ++c) acc[r * C + c] = mul_add<Arch>(xv, wv[c], acc[r * C + c]);
-            }
-        } else
-#endif
-        {
-            alignas(64) float xt[R][W] = {}, wt[C][W] = {};
-            const float* xtp[R];
-            const float* wtp[C];
-            for (int r = 0; r < R; ++r) std::copy(xr[r] + Kv, xr[r] + K, xt[r]), xtp[r] = xt[r];
-            for (int c = 0; c < C; ++c) std::copy(wr[c] + Kv, wr[c] + K, wt[c]), wtp[c] = wt[c];
-            step(xtp, wtp, 0);
-        }
-    }
-    float out[R * C];
-    lane_tree_sums<Arch, R * C>(acc, out);
-    for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) y(m0 + r, n0 + c) = out[r * C + c] + (bias ? bias[n0 + c] : 0.f);
+    for (std::int64_t k = 0; k < Kv; k += W) step(k, [](const float* p) { return B::load_unaligned(p); });
+    if (Kv < K) step(Kv, tail_loader<Arch>(K - Kv));
+    linear_store_tile<Arch, R, C>(acc, bias, y, m0, n0);
 }
 
 /// Register tile sizes: R rows of x by C rows of w. With 32 vector registers (AVX-512) 4 × 6 accumulators plus
@@ -238,14 +270,21 @@ void linear_row_tiles(tensor_view<const float, 2> x, tensor_view<const float, 2>
         with_constant<R - 1>(static_cast<int>(m1 - m), [&](auto rr) { linear_tile<Arch, decltype(rr)::value, CC>(x, w, bias, y, m, n); });
 }
 
-/// Rows [m0, m1) against weight rows [n0, n1) in weight tiles of C rows (the last one narrower).
+/// Rows [m0, m1) against weight rows [n0, n1) in weight tiles of C rows (the last one narrower), first to last or,
+/// with `reverse`, last to first (so consecutive row blocks start on the weight tiles still in cache).
 template <class Arch, int R, int C>
 void linear_block(tensor_view<const float, 2> x, tensor_view<const float, 2> w, const float* bias, tensor_view<float, 2> y,
-                  std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1) {
-    std::int64_t n = n0;
-    for (; n + C <= n1; n += C) linear_row_tiles<Arch, R, C>(x, w, bias, y, m0, m1, n);
-    if (n < n1)
-        with_constant<C - 1>(static_cast<int>(n1 - n), [&](auto cc) { linear_row_tiles<Arch, R, decltype(cc)::value>(x, w, bias, y, m0, m1, n); });
+                  std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1, bool reverse = false) {
+    const std::int64_t full = (n1 - n0) / C, tail = n1 - n0 - full * C;
+    auto narrow = [&] {
+        if (tail > 0)
+            with_constant<C - 1>(static_cast<int>(tail), [&](auto cc) {
+                linear_row_tiles<Arch, R, decltype(cc)::value>(x, w, bias, y, m0, m1, n0 + full * C);
+            });
+    };
+    if (reverse) narrow();
+    for (std::int64_t t = 0; t < full; ++t) linear_row_tiles<Arch, R, C>(x, w, bias, y, m0, m1, n0 + (reverse ? full - 1 - t : t) * C);
+    if (!reverse) narrow();
 }
 
 /// y[:, n0..n1) for all rows. Rows go in blocks that fit in L2 (all M at once for decode, so every weight row is
@@ -262,7 +301,7 @@ void linear_columns(tensor_view<const float, 2> x, tensor_view<const float, 2> w
     constexpr std::int64_t l2_bytes = 256 * 1024;  // x block budget: a quarter of the smallest L2 seen (1 MiB)
     const std::int64_t mb = std::max<std::int64_t>(tiles::R, l2_bytes / (4 * std::max<std::int64_t>(K, 1)) / tiles::R * tiles::R);
     for (std::int64_t m0 = 0; m0 < M; m0 += mb)
-        linear_block<Arch, tiles::R, tiles::C>(x, w, bias, y, m0, std::min(M, m0 + mb), n0, n1);
+        linear_block<Arch, tiles::R, tiles::C>(x, w, bias, y, m0, std::min(M, m0 + mb), n0, n1, (m0 / mb) % 2 == 1);
 }
 
 }  // namespace detail

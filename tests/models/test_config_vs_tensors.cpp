@@ -236,6 +236,14 @@ TEST_CASE("layer lists: fewer layers in the file fails, more warns once; a layer
     CHECK(contains(m, "layer 1 is linear_attention (key 'layer_types' is absent, so key 'full_attention_interval' (absent, default 4) makes "
                       "layer 1 linear_attention)"));
     CHECK(!contains(m, "missing tensor"));
+    // A compiled stack whose schedule cannot hold the configured kinds: the error names config.json too.
+    const auto dq = write_checkpoint("qwen_gdn_only", "{" + qwen_keys + qwen_types + "}", qwen_tensors());
+    try {
+        (void)models::load_hf_qwen3_5<models::qwen3_5_gdn_stack>(dq);
+        FAIL("a GDN-only stack accepted an attention layer");
+    } catch (const config_error& e) {
+        CHECK(contains(e.what(), (dq / "config.json").string() + ": "));
+    }
 }
 
 TEST_CASE("optional tensors decided by a config key: wanted but absent fails naming the key; present but unwanted warns once") {

@@ -98,6 +98,7 @@ TEST_CASE("config errors name config.json, the JSON key (with its path) and the 
         {R"(, "layer_norm_epsilon": NaN)", "config.json: key 'layer_norm_epsilon' = NaN: must be finite and > 0"},
         {R"(, "layer_norm_epsilon": 0)", "config.json: key 'layer_norm_epsilon' = 0: must be finite and > 0"},
         {R"(, "layer_norm_epsilon": -Infinity)", "key 'layer_norm_epsilon' = -Infinity"},
+        {R"(, "layer_norm_epsilon": 1e-60)", "key 'layer_norm_epsilon' = 1e-60: must be finite and > 0 in 32-bit floating point"},
         {R"(, "num_heads": 0)", "config.json: key 'num_heads' = 0: must be > 0"},
         {R"(, "hidden_size": -64)", "config.json: key 'hidden_size' = -64: must be > 0"},
         {R"(, "head_dim": 0)", "key 'head_dim' = 0: must be > 0"},
@@ -123,6 +124,7 @@ TEST_CASE("config errors name config.json, the JSON key (with its path) and the 
     const bad qwen_cases[] = {
         {R"(, "rms_norm_eps": NaN})", "config.json: key 'rms_norm_eps' = NaN: must be finite and > 0"},
         {R"(, "rms_norm_eps": -1e-6})", "key 'rms_norm_eps' = -1e-06: must be finite and > 0"},
+        {R"(, "rms_norm_eps": 1e300})", "key 'rms_norm_eps' = 1e+300: must be finite and > 0 in 32-bit floating point"},
         {R"(, "num_attention_heads": 0})", "config.json: key 'num_attention_heads' = 0: must be > 0"},
         {R"(, "num_key_value_heads": 3})", "key 'num_attention_heads' = 4: not a multiple of key 'num_key_value_heads' = 3"},
         {R"(, "linear_num_key_heads": 3})", "key 'linear_num_value_heads' = 4: not a multiple of key 'linear_num_key_heads' = 3"},

@@ -454,6 +454,14 @@ public:
         return v;
     }
 
+    /// As finite_positive, for a value stored as fp32: it must stay finite and > 0 after rounding to float.
+    float finite_positive_f32(std::string_view key, double fallback) const {
+        const double v = finite_positive(key, fallback);
+        const auto f = static_cast<float>(v);
+        if (!std::isfinite(f) || !(f > 0.0f)) fail(key, "must be finite and > 0 in 32-bit floating point", json_text(json(fallback)));
+        return f;
+    }
+
 private:
     std::int64_t check_positive(std::string_view key, std::int64_t v, const std::string& fallback_text) const {
         if (v <= 0) fail(key, "must be > 0", fallback_text);

@@ -49,7 +49,7 @@ inline hf_mamba2_config read_hf_mamba2_config(const io::json& top, const std::st
     m.expand = j.positive("expand", 2);
     m.conv_bias = j.get<bool>("use_conv_bias", true);
     m.proj_bias = j.get<bool>("use_bias", false);
-    m.norm_eps = static_cast<float>(j.finite_positive("layer_norm_epsilon", 1e-5));
+    m.norm_eps = j.finite_positive_f32("layer_norm_epsilon", 1e-5);
     m.norm_group_size = m.n_heads * m.head_dim;  // HF eager path: one norm over all of d_inner
     if (j.has("time_step_limit")) {
         const auto lim = j.require<std::vector<double>>("time_step_limit");
@@ -88,7 +88,8 @@ Stack load_hf_mamba2(checkpoint_reader& rd) {
     const io::config_keys j(rd.config(), rd.config_path());
     const auto& m = c.mixer;
     const std::int64_t d = m.d_model, V = c.stack.vocab_size, H = m.n_heads, di = m.d_inner(), cd = m.conv_dim();
-    Stack::schedule_type::check(schedule_kinds<every_layer<layer_kind::mamba2>>(c.n_layers));
+    detail::validate_from_config(rd.config_path(),
+                                 [&] { Stack::schedule_type::check(schedule_kinds<every_layer<layer_kind::mamba2>>(c.n_layers)); });
     // Each configurable extent with the keys it comes from, so that a tensor contradicting config.json names both.
     const expected_dim dd(d, j.describe("hidden_size")), dV(V, j.describe("vocab_size")), dH(H, j.describe("num_heads"));
     const std::string heads = j.describe("num_heads") + " × " + j.describe("head_dim", "64");

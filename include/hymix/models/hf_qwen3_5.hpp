@@ -70,7 +70,7 @@ inline hf_qwen3_5_config read_hf_qwen3_5_config(const io::json& top_json, const 
     }
     const io::config_keys j = qwen3_5_text_keys(top_json, origin);
     const std::int64_t d = j.positive("hidden_size");
-    const double eps = j.finite_positive("rms_norm_eps", 1e-6);
+    const double eps = j.finite_positive_f32("rms_norm_eps", 1e-6);
     c.n_layers = j.positive("num_hidden_layers");
     c.d_ff = j.positive("intermediate_size");
     c.stack.d_model = d;
@@ -185,7 +185,7 @@ Stack load_hf_qwen3_5(checkpoint_reader& rd) {
                                "' (a " + (gdn ? "full_attention" : "linear_attention") + " layer) and no '" + p +
                                (gdn ? "linear_attn" : "self_attn") + ".*' tensor");
     }
-    Stack::schedule_type::check(c.kinds);
+    detail::validate_from_config(rd.config_path(), [&] { Stack::schedule_type::check(c.kinds); });  // names config.json
     // Each configurable extent with the keys it comes from, so that a tensor contradicting config.json names both.
     const expected_dim dd(d, j.describe("hidden_size")), dV(V, j.describe("vocab_size")), dF(F, j.describe("intermediate_size"));
     const std::string kd = j.describe("linear_num_key_heads", "16") + " × " + j.describe("linear_key_head_dim", "128");

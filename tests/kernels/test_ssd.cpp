@@ -215,6 +215,14 @@ TEST_CASE("ssd segsum is finite at extreme decay with zeros above the diagonal (
             worst = std::max(worst, std::abs(o2[std::size_t(i * 23 + j)] - want));
         }
     CHECK(worst < 1e-6);
+    // A positive log-decay would be clamped silently: rejected, naming the entry; a strided out is rejected too.
+    std::vector<float> pos(b.begin(), b.end());
+    pos[5] = 0.25f;
+    CHECK_THROWS_WITH_AS(kernels::ssd_segsum_exp(std::span<const float>(pos), tensor_view<float, 2>(o2.data(), {23, 23})),
+                         doctest::Contains("a[5]"), value_error);
+    std::vector<float> wide(2 * 23 * 23);
+    CHECK_THROWS_WITH_AS(kernels::ssd_segsum_exp(std::span<const float>(b), tensor_view<float, 2>(wide.data(), {23, 23}, {46, 2})),
+                         doctest::Contains("out [L, L] needs a unit stride"), shape_error);
 }
 
 TEST_CASE("ssd chunked at extreme decay: finite, equals the memoryless limit (invariant 12)") {

@@ -114,7 +114,8 @@ void zero_uncovered_rows(const seq_batch& batch, tensor_view<T, 3> o) {
 /// head j / (H_v/H_k)), starting from state[s, j] and for each of its tokens t:
 ///   S ← exp(g_t)·S;  u = β_t (v_t − Sᵀk_t);  S ← S + k_t uᵀ;  o_t = Sᵀ(scale · q_t).
 /// q, k are used as given (the caller L2-normalises them). Rows outside valid sequences get o = 0.
-/// Throws shape_error on inconsistent shapes, config_error when H_v is not a multiple of H_k.
+/// Throws shape_error on inconsistent shapes or strides, config_error when H_v is not a multiple of H_k, value_error on
+/// a positive g in a valid sequence.
 template <class T>
 void gated_delta_rule_ref(const seq_batch& batch,
                           tensor_view<const T, 3> q,     // [n_rows, H_k, d_k]

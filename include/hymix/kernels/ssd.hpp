@@ -206,8 +206,12 @@ void segsum_exp_row(const double* alpha, std::int64_t i, std::int64_t L, const f
 template <class Arch = xsimd::default_arch>
 void ssd_segsum_exp(std::span<const float> a, tensor_view<float, 2> out) {
     const auto L = static_cast<std::int64_t>(a.size());
-    out.require_shape({L, L}, "ssd_segsum_exp: out");
-    if (out.strides[1] != 1) throw shape_error("ssd_segsum_exp: out needs unit inner stride");
+    out.require_shape({L, L}, "ssd_segsum_exp", "out [L, L]");
+    detail::require_unit_inner_stride(out, "ssd_segsum_exp", "out [L, L]");
+    for (std::int64_t i = 0; i < L; ++i)  // the clamp of α_i − α_j to ≤ 0 is exact only for a ≤ 0; NaN passes
+        if (a[static_cast<std::size_t>(i)] > 0.f)
+            throw value_error("ssd_segsum_exp: a[" + std::to_string(i) + "] = " + std::to_string(a[static_cast<std::size_t>(i)]) +
+                              " is positive; log-decays must be <= 0");
     std::vector<double> alpha(a.size());
     double acc = 0;
     for (std::int64_t i = 0; i < L; ++i) alpha[i] = acc += a[i];
@@ -217,7 +221,8 @@ void ssd_segsum_exp(std::span<const float> a, tensor_view<float, 2> out) {
 /// Reference SSD in double precision, the recurrence as written (spec.md §3.2 step 5), one sequence:
 ///   h_t = exp(Δ_t A) h_{t−1} + Δ_t x_t B_tᵀ,   y_t = h_t C_t + D x_t.
 /// Rows [seq.start, seq.start + seq.length) of `in` are consumed; seq.state [H, P, N] is updated in place
-/// (null: zeros). y [R, H, P] receives those rows only. Throws shape_error on inconsistent shapes.
+/// (null: zeros). y [R, H, P] receives those rows only. Throws shape_error on inconsistent shapes, value_error on A > 0
+/// or a negative / infinite Δ.
 inline void ssd_ref(const ssd_inputs<double>& in, const ssd_sequence<double>& seq, tensor_view<double, 3> y) {
     detail::ssd_check(in, std::span<const ssd_sequence<double>>(&seq, 1), y, "ssd_ref");
     const std::int64_t H = in.n_heads(), P = in.head_dim(), G = in.n_groups(), N = in.d_state();
@@ -256,9 +261,9 @@ inline void ssd_ref(const ssd_inputs<double>& in, const ssd_sequence<double>& se
 //   ssd_chunk_scan     y = (C·Bᵀ ⊙ exp(segsum)) (Δ x) + exp(α) C·H_c + D x         → y          [R, H, P]
 // The cumsum is kept in fp64 because segment sums α_i − α_j are differences of two such sums (one value per token and
 // head, so the cost is nil). ssd_chunked runs ssd_chunk_cb as such and the other four stages' own per-(chunk, head)
-// tile code fused per (sequence, head), so the running state stays in cache; its results equal the composition of the
-// five public stages (up to the order Eigen sums tiny products in, which follows data alignment). A device backend
-// implements the five stages.
+// tile code fused per (sequence, head), so the running state stays in cache, and adds each chunk's state onto the
+// decayed running state inside the chunk-state GEMM; its results equal the composition of the five public stages to
+// fp32 rounding. A device backend implements the five stages.
 // ---------------------------------------------------------------------------------------------------------------
 
 /// The chunk layout of an SSD call: sequence s of `seqs` in chunks of at most `chunk` tokens.
@@ -286,11 +291,14 @@ struct ssd_scratch {
     std::vector<double> alpha;                      // [W]    α of the chunk
     Eigen::VectorXf dtl, decay, to_end, dvec;       // [W]    Δ, exp(α), exp(α_last − α)·Δ; [P] skip coefficients
     ssd_row_matrix M, Xd, Tmp, Xw;                  // [W, W] [W, P] [W, P] [W, P]
-    ssd_row_matrix Sc, H0;                          // [P, N] chunk state; zero initial state of a stateless sequence
+    ssd_row_matrix H0;                              // [P, N] zero initial state of a sequence without a state
     ssd_scratch(std::int64_t W, std::int64_t P, std::int64_t N)
         : alpha(static_cast<std::size_t>(W)), dtl(W), decay(W), to_end(W), dvec(P), M(W, W), Xd(W, P), Tmp(W, P), Xw(W, P),
-          Sc(P, N), H0(P, N) {}
+          H0(P, N) {}
 };
+
+/// exp(α_last), the decay of a state over a whole chunk (α ≤ 0).
+inline float state_decay(double a_last) { return static_cast<float>(std::exp(std::min(a_last, 0.0))); }
 
 /// Stage ssd_chunk_cumsum, one (chunk, head): α_t = Σ_{m≤t} Δ_m A_h over the L rows from row r, in fp64.
 inline void ssd_cumsum_tile(const ssd_inputs<float>& in, std::int64_t h, std::int64_t r, std::int64_t L, double* alpha) {
@@ -307,10 +315,11 @@ inline void ssd_cb_tile(const ssd_inputs<float>& in, std::int64_t g, std::int64_
     ssd_map(out, L, L, Eigen::OuterStride<>(ld)).noalias() = Cm * Bm.transpose();
 }
 
-/// Stage ssd_chunk_state, one (chunk, head): sc [P, N] = Σ_t exp(α_last − α_t) Δ_t x_t B_tᵀ (the chunk's final state
-/// from a zero initial state), one GEMM.
+/// Stage ssd_chunk_state, one (chunk, head): S_c = Σ_t exp(α_last − α_t) Δ_t x_t B_tᵀ (the chunk's final state from a
+/// zero initial state), one GEMM into out [P, N]. With `onto`, out holds the state entering the chunk and the same GEMM
+/// also does stage ssd_state_passing's update: out ← exp(α_last)·out + S_c (how the fused kernel runs stages 3 and 4).
 inline void ssd_chunk_state_tile(const ssd_inputs<float>& in, std::int64_t h, std::int64_t r, std::int64_t L, const double* alpha,
-                                 float* sc, ssd_scratch& w) {
+                                 float* out, bool onto, ssd_scratch& w) {
     const std::int64_t P = in.head_dim(), N = in.d_state(), g = h / (in.n_heads() / in.n_groups());
     const ssd_cmap Xm(&in.x(r, h, 0), L, P, Eigen::OuterStride<>(in.x.strides[0]));
     const ssd_cmap Bm(&in.B(r, g, 0), L, N, Eigen::OuterStride<>(in.B.strides[0]));
@@ -318,13 +327,19 @@ inline void ssd_chunk_state_tile(const ssd_inputs<float>& in, std::int64_t h, st
     for (std::int64_t t = 0; t < L; ++t) w.to_end[t] = static_cast<float>(std::exp(std::min(a_last - alpha[t], 0.0))) * in.dt(r + t, h);
     auto Xwb = w.Xw.topRows(L);
     Xwb.noalias() = w.to_end.head(L).asDiagonal() * Xm;
-    ssd_map(sc, P, N, Eigen::OuterStride<>(N)).noalias() = Xwb.transpose() * Bm;
+    ssd_map S(out, P, N, Eigen::OuterStride<>(N));
+    if (onto) {
+        S *= state_decay(a_last);
+        S.noalias() += Xwb.transpose() * Bm;
+    } else {
+        S.noalias() = Xwb.transpose() * Bm;
+    }
 }
 
 /// Stage ssd_state_passing, one chunk of one (sequence, head): H ← exp(α_last) H + S_c over the n = P·N entries.
 /// When h_in is given it first receives H, the state entering the chunk; it may alias sc.
 inline void ssd_state_pass_tile(float* hs, const float* sc, float* h_in, std::int64_t n, double a_last) {
-    const float d = static_cast<float>(std::exp(std::min(a_last, 0.0)));
+    const float d = state_decay(a_last);
     if (h_in) {
         for (std::int64_t i = 0; i < n; ++i) {
             const float s = sc[i];
@@ -444,7 +459,7 @@ void ssd_chunk_state(const Backend& be, const ssd_inputs<float>& in, const chunk
         for (std::int64_t i = i0; i < i1; ++i) {
             const std::int64_t k = i / H, h = i % H;
             detail::gather_alpha(dA_cumsum, chunks, k, h, w.alpha.data());
-            detail::ssd_chunk_state_tile(in, h, chunks.row(k), chunks.length(k), w.alpha.data(), &states(k, h, 0, 0), w);
+            detail::ssd_chunk_state_tile(in, h, chunks.row(k), chunks.length(k), w.alpha.data(), &states(k, h, 0, 0), false, w);
         }
     });
 }
@@ -646,7 +661,7 @@ void ssd_chunked(const Backend& be, const ssd_inputs<float>& in, std::span<const
     std::vector<float> cb(static_cast<std::size_t>(n_chunks * G * W * W));
     ssd_chunk_cb(be, in, chunks, tensor_view<float, 4>(cb.data(), {n_chunks, G, W, W}));
 
-    // Stages cumsum → scan → chunk state → state passing, per (sequence, head) through its chunks in order with the
+    // Stages cumsum → scan → chunk state + state passing, per (sequence, head) through its chunks in order with the
     // stages' own tile code; the running state H is the sequence's state slot (read, then overwritten).
     be.parallel_for(n_seq * H, 1, [&](std::int64_t i0, std::int64_t i1) {
         detail::ssd_scratch w(W, P, N);
@@ -664,8 +679,7 @@ void ssd_chunked(const Backend& be, const ssd_inputs<float>& in, std::span<const
                 const std::int64_t r = chunks.row(k), L = chunks.length(k);
                 detail::ssd_cumsum_tile(in, h, r, L, w.alpha.data());
                 detail::ssd_chunk_scan_tile<Arch>(in, h, r, L, cb.data() + (k * G + g) * W * W, W, w.alpha.data(), hs, y, w);
-                detail::ssd_chunk_state_tile(in, h, r, L, w.alpha.data(), w.Sc.data(), w);
-                detail::ssd_state_pass_tile(hs, w.Sc.data(), nullptr, P * N, w.alpha[static_cast<std::size_t>(L - 1)]);
+                detail::ssd_chunk_state_tile(in, h, r, L, w.alpha.data(), hs, true, w);  // stages 3 and 4 in one GEMM
             }
         }
     });
@@ -673,7 +687,7 @@ void ssd_chunked(const Backend& be, const ssd_inputs<float>& in, std::span<const
 
 /// Decode step (spec.md §3.4), fp32: every sequence holds exactly one token (shape_error otherwise);
 ///   state ← state · exp(Δ A) + Δ (x ⊗ B),  y = state · C + D x.
-/// Parallel over (sequence, head); SIMD over the state width N.
+/// Parallel over (sequence, head); SIMD over the state width N. Throws like ssd_chunked.
 template <cpu_backend_type Backend>
 void ssd_step(const Backend& be, const ssd_inputs<float>& in, std::span<const ssd_sequence<float>> seqs,
               tensor_view<float, 3> y) {

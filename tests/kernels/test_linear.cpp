@@ -229,7 +229,7 @@ template <class Backend>
 void check_documented_order() {
     constexpr std::int64_t W = static_cast<std::int64_t>(Backend::simd_width());
     const Backend be(1);
-    for (std::int64_t K : {std::int64_t{1}, W - 1, W, 3 * W + 5, std::int64_t{200}}) {
+    for (std::int64_t K : {std::int64_t{1}, W - 1, W, 3 * W + 5, std::int64_t{200}, std::int64_t{2085}}) {  // 2085: K ranges
         const std::int64_t M = 9, N = 17;
         const auto xs = test::uniform(static_cast<std::size_t>(M * K), -1.f, 1.f, 70 + K);
         const auto ws = test::uniform(static_cast<std::size_t>(N * K), -1.f, 1.f, 71 + K);

@@ -18,6 +18,14 @@
 #include "hymix/backend/concepts.hpp"
 #include "hymix/core/tensor.hpp"
 
+// Inlines every call inside a register tile (the step lambda, the reduction): past a size budget, GCC otherwise
+// outlines them and the accumulators go through memory at every step.
+#if defined(__GNUC__)
+#define HYMIX_LINEAR_FLATTEN [[gnu::flatten]] inline
+#else
+#define HYMIX_LINEAR_FLATTEN inline
+#endif
+
 namespace hymix::kernels {
 
 /// Reference: y = x Wᵀ + b in double precision with obvious loops. x [M, K], w [N, K], bias [N] or null.
@@ -216,7 +224,7 @@ inline auto tail_loader(std::int64_t n) {
 /// W), the tile runs only those terms, carrying its R·C accumulators between ranges in `partial`: stored exactly,
 /// so the sums are those of one pass.
 template <class Arch, int R, int C>
-inline void linear_tile(tensor_view<const float, 2> x, tensor_view<const float, 2> w, const float* bias,
+HYMIX_LINEAR_FLATTEN void linear_tile(tensor_view<const float, 2> x, tensor_view<const float, 2> w, const float* bias,
                         tensor_view<float, 2> y, std::int64_t m0, std::int64_t n0, std::int64_t k0, std::int64_t k1,
                         xsimd::batch<float, Arch>* partial) {
     using B = xsimd::batch<float, Arch>;

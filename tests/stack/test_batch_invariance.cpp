@@ -99,7 +99,8 @@ any_stack make_model(std::uint64_t seed) {
                     return any_stack::mixer_variant(std::in_place_type<gated_deltanet>, gdn_cfg(), std::move(gw));
                 }
                 default:
-                    return any_stack::mixer_variant(std::in_place_type<attention>, attn_cfg(), attention_weights::random(attn_cfg(), s + 6));
+                    return any_stack::mixer_variant(std::in_place_type<attention>, attn_cfg(),
+                                                    attention_weights::random(attn_cfg(), s + 6));
             }
         }();
         layers.emplace_back(rnd({D}, -0.3f, 0.3f, s + 7), std::move(mx), rnd({D}, -0.3f, 0.3f, s + 8), std::move(mlp));
@@ -138,8 +139,13 @@ std::vector<float> run_batch(const any_stack& m, const cpu_backend& be, layout l
     }
     std::vector<std::int32_t> toks(static_cast<std::size_t>(n_rows), 0);
     for (std::int64_t b = 0; b < B; ++b) {
-        const auto s = b == target ? seq : tokens(static_cast<std::size_t>(lengths[static_cast<std::size_t>(b)]), seed + 10 + static_cast<std::uint64_t>(b));
-        std::copy(s.begin(), s.end(), toks.begin() + starts[static_cast<std::size_t>(b)]);
+        const auto dst = toks.begin() + starts[static_cast<std::size_t>(b)];
+        if (b == target) {
+            std::copy(seq.begin(), seq.end(), dst);
+        } else {
+            const auto other = tokens(static_cast<std::size_t>(lengths[static_cast<std::size_t>(b)]), seed + 10 + static_cast<std::uint64_t>(b));
+            std::copy(other.begin(), other.end(), dst);
+        }
     }
     std::vector<std::int64_t> cu{0};
     for (auto l : lengths) cu.push_back(cu.back() + l);

@@ -255,7 +255,7 @@ template <class Backend>
 void check_documented_order() {
     constexpr std::int64_t W = static_cast<std::int64_t>(Backend::simd_width());
     const Backend be(1);
-    for (std::int64_t K : {std::int64_t{1}, W - 1, W, 3 * W + 5, std::int64_t{200}}) {
+    for (std::int64_t K : {std::int64_t{1}, W - 1, W, 3 * W + 5, std::int64_t{200}, std::int64_t{2085}}) {  // 2085: K ranges
         const std::int64_t M = 9, N = 17;
         const auto xs = test::uniform(static_cast<std::size_t>(M * K), -1.f, 1.f, 70 + K);
         const auto ws = test::uniform(static_cast<std::size_t>(N * K), -1.f, 1.f, 71 + K);
@@ -278,9 +278,8 @@ void check_documented_order() {
                             l = p + l;
                         }
                     }
-                    for (std::int64_t h = W / 2; h >= 1; h /= 2)
-                        for (std::int64_t i = 0; i < h; ++i)
-                            lane[static_cast<std::size_t>(i)] = lane[static_cast<std::size_t>(i)] + lane[static_cast<std::size_t>(i + h)];
+                    for (std::size_t h = static_cast<std::size_t>(W) / 2; h >= 1; h /= 2)
+                        for (std::size_t i = 0; i < h; ++i) lane[i] = lane[i] + lane[i + h];
                     const float expect = lane[0] + bs[static_cast<std::size_t>(n)];
                     mismatches += bits(expect) != bits(y[static_cast<std::size_t>(m * N + n)]);
                 }
@@ -318,8 +317,10 @@ TEST_CASE("linear on an AVX2 backend (8 lanes): matches linear_ref and is batch-
         std::int64_t mismatches = 0;
         for (std::int64_t p = 0; p < P; ++p) {
             std::vector<float> one(static_cast<std::size_t>(N));
-            kernels::linear(be1, tensor_view<const float, 2>(xs.data() + p * K, {1, K}), w, bs.data(), tensor_view<float, 2>(one.data(), {1, N}));
-            for (std::int64_t n = 0; n < N; ++n) mismatches += bits(one[static_cast<std::size_t>(n)]) != bits(all[static_cast<std::size_t>(p * N + n)]);
+            kernels::linear(be1, tensor_view<const float, 2>(xs.data() + p * K, {1, K}), w, bs.data(),
+                            tensor_view<float, 2>(one.data(), {1, N}));
+            for (std::size_t n = 0; n < one.size(); ++n)
+                mismatches += bits(one[n]) != bits(all[static_cast<std::size_t>(p * N) + n]);
         }
         CHECK(mismatches == 0);
     } else {

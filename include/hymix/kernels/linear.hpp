@@ -19,6 +19,14 @@
 #include "hymix/core/check.hpp"
 #include "hymix/core/tensor.hpp"
 
+// Inlines every call inside a register tile (the step lambda, the reduction): past a size budget, GCC otherwise
+// outlines them and the accumulators go through memory at every step.
+#if defined(__GNUC__)
+#define HYMIX_LINEAR_FLATTEN [[gnu::flatten]] inline
+#else
+#define HYMIX_LINEAR_FLATTEN inline
+#endif
+
 namespace hymix::kernels {
 
 /// Reference: y = x Wᵀ + b in double precision with obvious loops. x [M, K], w [N, K], bias [N] or null.
@@ -47,7 +55,9 @@ namespace detail {
 /// arrays of accumulators indexed by them stay in registers.
 template <int N, class F>
 inline void static_for(F&& f) {
-    [&]<int... I>(std::integer_sequence<int, I...>) { (f(std::integral_constant<int, I>{}), ...); }(std::make_integer_sequence<int, N>{});
+    [&]<int... I>(std::integer_sequence<int, I...>) {
+        (f(std::integral_constant<int, I>{}), ...);
+    }(std::make_integer_sequence<int, N>{});
 }
 
 /// Step 2 for one vector, written lane by lane.
@@ -74,36 +84,36 @@ inline __m512 lane_tree_sum16(Get&& get) {
     constexpr auto live1 = [=](int i) { return live0(2 * i) || live0(2 * i + 1); };
     constexpr auto live2 = [=](int i) { return live1(2 * i) || live1(2 * i + 1); };
     constexpr auto live3 = [=](int i) { return live2(2 * i) || live2(2 * i + 1); };
-    // One tree level for a pair (a, b): the lower parts of both plus their upper parts; a lone live input pairs with itself.
-    auto level = [](__m512 a, __m512 b, bool b_live, auto lo, auto hi) {
+    // The lower and the upper parts of a pair (p, q) at levels 1 … 4, with full masks (GCC's unmasked forms read an
+    // uninitialised register and warn).
+    auto lo1 = [](__m512 p, __m512 q) { return _mm512_mask_shuffle_f32x4(p, 0xFFFF, p, q, _MM_SHUFFLE(1, 0, 1, 0)); };
+    auto hi1 = [](__m512 p, __m512 q) { return _mm512_mask_shuffle_f32x4(p, 0xFFFF, p, q, _MM_SHUFFLE(3, 2, 3, 2)); };
+    auto lo2 = [](__m512 p, __m512 q) { return _mm512_mask_shuffle_f32x4(p, 0xFFFF, p, q, _MM_SHUFFLE(2, 0, 2, 0)); };
+    auto hi2 = [](__m512 p, __m512 q) { return _mm512_mask_shuffle_f32x4(p, 0xFFFF, p, q, _MM_SHUFFLE(3, 1, 3, 1)); };
+    auto lo3 = [](__m512 p, __m512 q) { return _mm512_mask_shuffle_ps(p, 0xFFFF, p, q, _MM_SHUFFLE(1, 0, 1, 0)); };
+    auto hi3 = [](__m512 p, __m512 q) { return _mm512_mask_shuffle_ps(p, 0xFFFF, p, q, _MM_SHUFFLE(3, 2, 3, 2)); };
+    auto lo4 = [](__m512 p, __m512 q) { return _mm512_mask_shuffle_ps(p, 0xFFFF, p, q, _MM_SHUFFLE(2, 0, 2, 0)); };
+    auto hi4 = [](__m512 p, __m512 q) { return _mm512_mask_shuffle_ps(p, 0xFFFF, p, q, _MM_SHUFFLE(3, 1, 3, 1)); };
+    // One level for the pair (a, b): lower parts plus upper parts; a lone live input pairs with itself.
+    auto level = [](__m512 a, __m512 b, bool a_live, bool b_live, auto lo, auto hi) {
+        if (!a_live) a = b;
         if (!b_live) b = a;
         return _mm512_add_ps(lo(a, b), hi(a, b));
     };
-    __m512 l0[16], l1[8], l2[4], l3[2];
+    __m512 l0[16] = {}, l1[8] = {}, l2[4] = {}, l3[2] = {};  // dead entries stay zero and are never used
     static_for<16>([&](auto p) {
         if constexpr (live0(p)) l0[p] = get(std::integral_constant<int, 4 * (p % 4) + p / 4>{});
     });
     static_for<8>([&](auto i) {
-        if constexpr (live1(i))
-            l1[i] = level(l0[live0(2 * i) ? 2 * i : 2 * i + 1], l0[2 * i + 1], live0(2 * i) && live0(2 * i + 1),
-                          [](__m512 p, __m512 q) { return _mm512_mask_shuffle_f32x4(p, 0xFFFF, p, q, _MM_SHUFFLE(1, 0, 1, 0)); },
-                          [](__m512 p, __m512 q) { return _mm512_mask_shuffle_f32x4(p, 0xFFFF, p, q, _MM_SHUFFLE(3, 2, 3, 2)); });
+        if constexpr (live1(i)) l1[i] = level(l0[2 * i], l0[2 * i + 1], live0(2 * i), live0(2 * i + 1), lo1, hi1);
     });
     static_for<4>([&](auto i) {
-        if constexpr (live2(i))
-            l2[i] = level(l1[live1(2 * i) ? 2 * i : 2 * i + 1], l1[2 * i + 1], live1(2 * i) && live1(2 * i + 1),
-                          [](__m512 p, __m512 q) { return _mm512_mask_shuffle_f32x4(p, 0xFFFF, p, q, _MM_SHUFFLE(2, 0, 2, 0)); },
-                          [](__m512 p, __m512 q) { return _mm512_mask_shuffle_f32x4(p, 0xFFFF, p, q, _MM_SHUFFLE(3, 1, 3, 1)); });
+        if constexpr (live2(i)) l2[i] = level(l1[2 * i], l1[2 * i + 1], live1(2 * i), live1(2 * i + 1), lo2, hi2);
     });
     static_for<2>([&](auto i) {
-        if constexpr (live3(i))
-            l3[i] = level(l2[live2(2 * i) ? 2 * i : 2 * i + 1], l2[2 * i + 1], live2(2 * i) && live2(2 * i + 1),
-                          [](__m512 p, __m512 q) { return _mm512_mask_shuffle_ps(p, 0xFFFF, p, q, _MM_SHUFFLE(1, 0, 1, 0)); },
-                          [](__m512 p, __m512 q) { return _mm512_mask_shuffle_ps(p, 0xFFFF, p, q, _MM_SHUFFLE(3, 2, 3, 2)); });
+        if constexpr (live3(i)) l3[i] = level(l2[2 * i], l2[2 * i + 1], live2(2 * i), live2(2 * i + 1), lo3, hi3);
     });
-    return level(l3[live3(0) ? 0 : 1], l3[1], live3(0) && live3(1),
-                 [](__m512 p, __m512 q) { return _mm512_mask_shuffle_ps(p, 0xFFFF, p, q, _MM_SHUFFLE(2, 0, 2, 0)); },
-                 [](__m512 p, __m512 q) { return _mm512_mask_shuffle_ps(p, 0xFFFF, p, q, _MM_SHUFFLE(3, 1, 3, 1)); });
+    return level(l3[0], l3[1], live3(0), live3(1), lo4, hi4);
 }
 #endif
 
@@ -211,10 +221,13 @@ inline auto tail_loader(std::int64_t n) {
 }
 
 /// Register tile: y[m0 + r, n0 + c] for r < R, c < C (step 1 for R·C outputs, then steps 2 and 3). Each loaded
-/// x vector feeds C FMAs and each loaded w vector R FMAs.
+/// x vector feeds C FMAs and each loaded w vector R FMAs. Given a range [k0, k1) of K (bounds below K multiples of
+/// W), the tile runs only those terms, carrying its R·C accumulators between ranges in `partial`: stored exactly,
+/// so the sums are those of one pass.
 template <class Arch, int R, int C>
-inline void linear_tile(tensor_view<const float, 2> x, tensor_view<const float, 2> w, const float* bias,
-                        tensor_view<float, 2> y, std::int64_t m0, std::int64_t n0) {
+HYMIX_LINEAR_FLATTEN void linear_tile(tensor_view<const float, 2> x, tensor_view<const float, 2> w, const float* bias,
+                        tensor_view<float, 2> y, std::int64_t m0, std::int64_t n0, std::int64_t k0, std::int64_t k1,
+                        xsimd::batch<float, Arch>* partial) {
     using B = xsimd::batch<float, Arch>;
     constexpr std::int64_t W = static_cast<std::int64_t>(B::size);
     const std::int64_t K = x.dim(1), Kv = K / W * W;
@@ -223,7 +236,10 @@ inline void linear_tile(tensor_view<const float, 2> x, tensor_view<const float, 
     static_for<R>([&](auto r) { xr[r] = &x(m0 + r, 0); });
     static_for<C>([&](auto c) { wr[c] = &w(n0 + c, 0); });
     B acc[R * C];
-    static_for<R * C>([&](auto i) { acc[i] = B(0.f); });
+    if (k0 == 0)
+        static_for<R * C>([&](auto i) { acc[i] = B(0.f); });
+    else
+        static_for<R * C>([&](auto i) { acc[i] = partial[i]; });
     auto step = [&](std::int64_t k, auto load) {  // terms k … k + W − 1 of every output of the tile
         B wv[C];
         static_for<C>([&](auto c) {
@@ -235,7 +251,11 @@ inline void linear_tile(tensor_view<const float, 2> x, tensor_view<const float, 
             static_for<C>([&](auto c) { acc[r * C + c] = mul_add<Arch>(xv, wv[c], acc[r * C + c]); });
         });
     };
-    for (std::int64_t k = 0; k < Kv; k += W) step(k, [](const float* p) { return B::load_unaligned(p); });
+    for (std::int64_t k = k0; k < std::min(k1, Kv); k += W) step(k, [](const float* p) { return B::load_unaligned(p); });
+    if (k1 < K) {
+        static_for<R * C>([&](auto i) { partial[i] = acc[i]; });
+        return;
+    }
     if (Kv < K) step(Kv, tail_loader<Arch>(K - Kv));
     linear_store_tile<Arch, R, C>(acc, bias, y, m0, n0);
 }
@@ -260,30 +280,44 @@ inline void with_constant(int v, F&& f) {
     f(std::integral_constant<int, Max>{});
 }
 
-/// Rows [m0, m1) of y against weight rows [n, n + CC): row tiles of R, then one tile of the remaining rows.
+/// Rows [m0, m1) of y against weight rows [n, n + CC): row tiles of R, then one tile of the remaining rows. Long
+/// rows (K > k_chunk) go in K ranges of k_chunk, all row tiles finishing one range before the next starts, so the
+/// weight tile's slice stays in L1 while the row tiles pass; their accumulators wait in `partial` meanwhile.
 template <class Arch, int R, int CC>
 void linear_row_tiles(tensor_view<const float, 2> x, tensor_view<const float, 2> w, const float* bias, tensor_view<float, 2> y,
-                      std::int64_t m0, std::int64_t m1, std::int64_t n) {
-    std::int64_t m = m0;
-    for (; m + R <= m1; m += R) linear_tile<Arch, R, CC>(x, w, bias, y, m, n);
-    if (m < m1)
-        with_constant<R - 1>(static_cast<int>(m1 - m), [&](auto rr) { linear_tile<Arch, decltype(rr)::value, CC>(x, w, bias, y, m, n); });
+                      std::int64_t m0, std::int64_t m1, std::int64_t n, std::int64_t k_chunk, xsimd::batch<float, Arch>* partial) {
+    const std::int64_t K = x.dim(1);
+    for (std::int64_t k0 = 0; k0 < K; k0 += k_chunk) {
+        const std::int64_t k1 = K - k0 <= k_chunk ? K : k0 + k_chunk;
+        std::int64_t m = m0;
+        auto* p = partial;
+        for (; m + R <= m1; m += R, p += R * CC) linear_tile<Arch, R, CC>(x, w, bias, y, m, n, k0, k1, p);
+        if (m < m1)
+            with_constant<R - 1>(static_cast<int>(m1 - m), [&](auto rr) {
+                linear_tile<Arch, decltype(rr)::value, CC>(x, w, bias, y, m, n, k0, k1, p);
+            });
+    }
 }
 
 /// Rows [m0, m1) against weight rows [n0, n1) in weight tiles of C rows (the last one narrower), first to last or,
-/// with `reverse`, last to first (so consecutive row blocks start on the weight tiles still in cache).
-template <class Arch, int R, int C>
+/// with `reverse`, last to first (so consecutive row blocks start on the weight tiles still in cache). Blocks of
+/// more than one row tile and K > k_chunk (at most MaxRows rows then) run in K ranges (linear_row_tiles).
+template <class Arch, int R, int C, int MaxRows = R>
 void linear_block(tensor_view<const float, 2> x, tensor_view<const float, 2> w, const float* bias, tensor_view<float, 2> y,
-                  std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1, bool reverse = false) {
+                  std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1, std::int64_t k_chunk, bool reverse = false) {
+    using B = xsimd::batch<float, Arch>;
+    if (m1 - m0 <= R || x.dim(1) <= k_chunk) k_chunk = x.dim(1);
+    alignas(64) B partial[(MaxRows + R - 1) / R * R * C];
     const std::int64_t full = (n1 - n0) / C, tail = n1 - n0 - full * C;
     auto narrow = [&] {
         if (tail > 0)
             with_constant<C - 1>(static_cast<int>(tail), [&](auto cc) {
-                linear_row_tiles<Arch, R, decltype(cc)::value>(x, w, bias, y, m0, m1, n0 + full * C);
+                linear_row_tiles<Arch, R, decltype(cc)::value>(x, w, bias, y, m0, m1, n0 + full * C, k_chunk, partial);
             });
     };
     if (reverse) narrow();
-    for (std::int64_t t = 0; t < full; ++t) linear_row_tiles<Arch, R, C>(x, w, bias, y, m0, m1, n0 + (reverse ? full - 1 - t : t) * C);
+    for (std::int64_t t = 0; t < full; ++t)
+        linear_row_tiles<Arch, R, C>(x, w, bias, y, m0, m1, n0 + (reverse ? full - 1 - t : t) * C, k_chunk, partial);
     if (!reverse) narrow();
 }
 
@@ -295,13 +329,24 @@ void linear_columns(tensor_view<const float, 2> x, tensor_view<const float, 2> w
     using tiles = linear_tiles<Arch>;
     const std::int64_t M = x.dim(0), K = x.dim(1);
     if (M <= 2) {
-        linear_block<Arch, 2, tiles::C_few_rows>(x, w, bias, y, 0, M, n0, n1);
+        linear_block<Arch, 2, tiles::C_few_rows>(x, w, bias, y, 0, M, n0, n1, K);
         return;
     }
-    constexpr std::int64_t l2_bytes = 256 * 1024;  // x block budget: a quarter of the smallest L2 seen (1 MiB)
-    const std::int64_t mb = std::max<std::int64_t>(tiles::R, l2_bytes / (4 * std::max<std::int64_t>(K, 1)) / tiles::R * tiles::R);
-    for (std::int64_t m0 = 0; m0 < M; m0 += mb)
-        linear_block<Arch, tiles::R, tiles::C>(x, w, bias, y, m0, std::min(M, m0 + mb), n0, n1, (m0 / mb) % 2 == 1);
+    // Rows in blocks of about 256 KiB of x (a quarter of the smallest L2 seen, 1 MiB). A weight tile of up to
+    // chunk_above columns (36 KiB) stays in L1 by itself; longer rows run in K ranges of k_chunk (24 KiB of weight
+    // tile: shorter ranges cost more in carried sums than they save, measured), and their row blocks are then at
+    // most chunk_rows rows (the carried sums' buffer is on the stack).
+    constexpr std::int64_t l2_bytes = 256 * 1024, chunk_above = 1536, k_chunk = 1024, chunk_rows = 64;
+    std::int64_t mb = std::max<std::int64_t>(tiles::R, l2_bytes / (4 * std::max<std::int64_t>(K, 1)) / tiles::R * tiles::R);
+    if (K > chunk_above) mb = std::min(mb, chunk_rows);
+    for (std::int64_t m0 = 0; m0 < M; m0 += mb) {
+        const std::int64_t m1 = std::min(M, m0 + mb);
+        const bool reverse = (m0 / mb) % 2 == 1;
+        if (K > chunk_above)
+            linear_block<Arch, tiles::R, tiles::C, chunk_rows>(x, w, bias, y, m0, m1, n0, n1, k_chunk, reverse);
+        else
+            linear_block<Arch, tiles::R, tiles::C>(x, w, bias, y, m0, m1, n0, n1, K, reverse);
+    }
 }
 
 }  // namespace detail

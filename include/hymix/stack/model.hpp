@@ -168,6 +168,28 @@ public:
     const block_variant& layer_at(std::int64_t i) const { return blocks_.at(static_cast<std::size_t>(i)); }
     block_variant& layer_at(std::int64_t i) { return blocks_.at(static_cast<std::size_t>(i)); }
     const stack_weights& weights() const noexcept { return w_; }
+    /// Mutable weights for training (the optimizer updates them in place; call weights_changed() afterwards).
+    stack_weights& weights_mut() noexcept { return w_; }
+
+    /// f(name, tensor<float>&) for every parameter in a fixed order: "embedding", then each layer's block
+    /// ("layers.{i}.norm", "layers.{i}.mixer.<name>", ...), "final_norm", and "lm_head" unless tied.
+    template <class F>
+    void for_each_param(F&& f) {
+        f(std::string("embedding"), w_.embedding);
+        for (std::size_t l = 0; l < blocks_.size(); ++l)
+            std::visit([&](auto& blk) {
+                if constexpr (requires { blk.for_each_param(std::string(), f); }) blk.for_each_param("layers." + std::to_string(l), f);
+            }, blocks_[l]);
+        f(std::string("final_norm"), w_.final_norm);
+        if (!cfg_.tie_embeddings) f(std::string("lm_head"), w_.lm_head);
+    }
+    /// Lets every block re-derive what it caches from its weights after they changed.
+    void weights_changed() {
+        for (auto& b : blocks_)
+            std::visit([](auto& blk) {
+                if constexpr (requires { blk.weights_changed(); }) blk.weights_changed();
+            }, b);
+    }
     /// The LM head [V, d] (the embedding when tied).
     tensor_view<const float, 2> head() const {
         return cfg_.tie_embeddings ? w_.embedding.view<2>() : w_.lm_head.view<2>();

@@ -55,6 +55,7 @@ struct stack_workspace {
     detail::scratch last;  // [n_seq, d]    last-token rows for forward_last
     detail::scratch lastn; // [n_seq, d]    their final norm
     std::vector<unsigned char> fire;    // [n_rows] a gated block's fire mask
+    std::vector<float> score;           // [n_rows] a gate's per-row score (AMOR: normalised entropy), or empty
     std::vector<std::int64_t> rows;     // [n_seq]  last-token row of each sequence (forward_last)
 
     /// Total floats held (to show the workspace does not grow between decode steps of one batch size).

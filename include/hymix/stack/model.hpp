@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -46,7 +47,8 @@ namespace hymix {
 struct stack_config {
     std::int64_t d_model = 0;
     std::int64_t vocab_size = 0;
-    float norm_eps = 1e-5f;       // every ungated RMSNorm of the stack (layer norms and the final norm)
+    float norm_eps = 1e-5f;       // every ungated RMSNorm of the stack (layer norms and, unless stack_weights says
+                                  // otherwise, the final norm)
     bool tie_embeddings = false;  // LM head = embedding matrix
 
     /// Throws config_error on non-positive sizes or eps.
@@ -54,6 +56,7 @@ struct stack_config {
         if (d_model <= 0) throw config_error("stack_config: d_model must be positive, found " + std::to_string(d_model));
         if (vocab_size <= 0) throw config_error("stack_config: vocab_size must be positive, found " + std::to_string(vocab_size));
         if (!(norm_eps > 0) || !std::isfinite(norm_eps)) throw config_error("stack_config: norm_eps must be positive and finite, found " + std::to_string(norm_eps));
+
     }
 };
 
@@ -62,6 +65,8 @@ struct stack_weights {
     tensor<float> embedding;   // [V, d]
     tensor<float> final_norm;  // [d]
     tensor<float> lm_head;     // [V, d]; ignored (may be empty) when tie_embeddings
+    float final_norm_eps = 0.0f;                           // the final norm's eps when it differs (AMOR: 1e-6); 0 = norm_eps
+    std::optional<kernels::rms_flavor> final_norm_flavor;  // the final norm's flavour when it differs from the stack's
 };
 
 namespace detail {
@@ -195,6 +200,11 @@ public:
         return cfg_.tie_embeddings ? w_.embedding.view<2>() : w_.lm_head.view<2>();
     }
 
+    /// The final norm's flavour (the stack's Norm policy unless the config overrides it).
+    kernels::rms_flavor final_flavor() const noexcept { return w_.final_norm_flavor.value_or(Norm::flavor); }
+    /// The final norm's eps (the stack's norm_eps unless the weights say otherwise).
+    float final_eps() const noexcept { return w_.final_norm_eps > 0 ? w_.final_norm_eps : cfg_.norm_eps; }
+
     /// A cache for `n_slots` sequences (all fresh).
     cache_type make_cache(std::int64_t n_slots) const {
         if (n_slots <= 0) throw shape_error("make_cache: n_slots must be positive, found " + std::to_string(n_slots));
@@ -220,7 +230,7 @@ public:
         auto& ws = cache.workspace();
         auto x = ws.x.get(n, cfg_.d_model);
         auto h = ws.h.get(n, cfg_.d_model);
-        ops::rms_norm(be, tensor_view<const float, 2>(x), w_.final_norm.data(), cfg_.norm_eps, Norm::flavor, h);
+        ops::rms_norm(be, tensor_view<const float, 2>(x), w_.final_norm.data(), final_eps(), final_flavor(), h);
         if constexpr (probing<Probe>) probe("final_norm", tensor_view<const float, 2>(h));
         ops::linear(be, tensor_view<const float, 2>(h), head(), nullptr, logits);
         ops::zero_rows(be, logits, vb.live());
@@ -247,7 +257,7 @@ public:
             rows[si] = batch.lengths[si] > 0 && batch.slots[si] >= 0 ? batch.starts[si] + batch.lengths[si] - 1 : -1;
         }
         ops::gather_rows(be, tensor_view<const float, 2>(x), rows, last);
-        ops::rms_norm(be, tensor_view<const float, 2>(last), w_.final_norm.data(), cfg_.norm_eps, Norm::flavor, lastn);
+        ops::rms_norm(be, tensor_view<const float, 2>(last), w_.final_norm.data(), final_eps(), final_flavor(), lastn);
         ops::linear(be, tensor_view<const float, 2>(lastn), head(), nullptr, logits);
     }
 
@@ -284,6 +294,9 @@ private:
         const std::int64_t d = cfg_.d_model, V = cfg_.vocab_size;
         detail::require_matrix(w_.embedding, V, d, "embedding");
         detail::require_vector(w_.final_norm, d, "final_norm");
+        if (!(w_.final_norm_eps >= 0) || !std::isfinite(w_.final_norm_eps))
+            throw config_error("stack_weights: final_norm_eps must be >= 0 and finite (0 = the stack's norm_eps), found " +
+                               std::to_string(w_.final_norm_eps));
         if (!cfg_.tie_embeddings) detail::require_matrix(w_.lm_head, V, d, "lm_head");
         if (blocks_.empty()) throw config_error("model: a stack needs at least one layer");
         std::vector<layer_kind> kinds;

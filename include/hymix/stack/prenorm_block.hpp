@@ -19,7 +19,9 @@
 #include "hymix/gate/token_gate.hpp"
 #include "hymix/ops/elementwise.hpp"
 #include "hymix/ops/norm.hpp"
+#include "hymix/ops/norm_backward.hpp"
 #include "hymix/ops/swiglu.hpp"
+#include "hymix/ops/swiglu_backward.hpp"
 #include "hymix/stack/block.hpp"
 
 namespace hymix {
@@ -69,6 +71,31 @@ public:
     const typename Mlp::weights_type& mlp() const noexcept { return mlp_; }
     const Gate& gate() const noexcept { return gate_; }
     Gate& gate() noexcept { return gate_; }
+    /// Mutable parts for training (the optimizer updates them in place; call weights_changed() afterwards).
+    Mixer& mixer_mut() noexcept { return mixer_; }
+    tensor<float>& norm_mut() noexcept { return norm_; }
+    tensor<float>& mlp_norm_mut() noexcept { return mlp_norm_; }
+    typename Mlp::weights_type& mlp_mut() noexcept { return mlp_; }
+
+    /// f(name, tensor<float>&) for every parameter, named "<prefix>.norm", "<prefix>.mixer.<mixer's name>",
+    /// "<prefix>.mlp_norm", "<prefix>.mlp.{gate_proj,up_proj,down_proj}" (mixers without a `for_each` on their
+    /// weights contribute nothing).
+    template <class F>
+    void for_each_param(const std::string& prefix, F&& f) {
+        f(prefix + ".norm", norm_);
+        if constexpr (requires { mixer_.weights_mut().for_each(f); })
+            mixer_.weights_mut().for_each([&](std::string_view n, tensor<float>& t) { f(prefix + ".mixer." + std::string(n), t); });
+        if constexpr (Mlp::present) {
+            f(prefix + ".mlp_norm", mlp_norm_);
+            f(prefix + ".mlp.gate_proj", mlp_.gate_proj);
+            f(prefix + ".mlp.up_proj", mlp_.up_proj);
+            f(prefix + ".mlp.down_proj", mlp_.down_proj);
+        }
+    }
+    /// Re-derives what the block caches from its weights (the MLP's fused gate|up matrix) after an update.
+    void weights_changed() {
+        if constexpr (Mlp::present) mlp_.prepare();
+    }
     state_type make_state(std::int64_t n_slots) const { return mixer_.make_state(n_slots); }
 
     /// Checks the weights' shapes against d_model (shape_error naming "<where>.norm" etc.) and prepares the MLP.
@@ -102,6 +129,7 @@ public:
         } else {
             auto& fire = ws.fire;
             fire.assign(static_cast<std::size_t>(n), 0);
+            ws.score.clear();
             gate_.decide(ctx, hc, std::span<unsigned char>(fire));
             std::int64_t rows = 0, fired = 0;
             for (std::size_t r = 0; r < fire.size(); ++r) {
@@ -109,7 +137,7 @@ public:
                 rows += live[r];
                 fired += fire[r];
             }
-            if (ctx.stats) ctx.stats->push_back(block_stats{ctx.layer, Gate::name, rows, fired, {}});
+            if (ctx.stats) ctx.stats->push_back(block_stats{ctx.layer, Gate::name, rows, fired, ws.score});
             if constexpr (detail::sparse_mixer<Mixer, B>) {
                 mixer_.forward_sparse(be, s, ctx.batch, hc, y, std::span<const unsigned char>(fire));
             } else {
@@ -130,7 +158,108 @@ public:
         }
     }
 
+    // ---- training (issue 8): forward that keeps what backward needs, and backward --------------------------------
+
+    /// Activations one training forward keeps for backward: O(n_rows · (d + d_ff)) plus the mixer's own.
+    struct train_cache {
+        tensor<float> x_in, h, x_mid, h2, gu;  // [n, d] ×4 (x_mid, h2 only with an MLP), [n, 2·d_ff]
+        std::vector<unsigned char> mask;        // rows whose mixer output reaches the stream (live and fired)
+        typename Mixer::train_cache mixer;
+    };
+
+    /// Training forward of the live rows of ctx.batch from zero mixer states (every sequence starts fresh): updates
+    /// the residual stream x [n_rows, d] as forward() does (dense-with-mask for gated blocks: the mixer runs on every
+    /// row, unfired rows are dropped) and fills tc. Not const: a gate with statistics (AMOR's EMA) advances them.
+    template <host_backend B>
+    void forward_train(block_context<B>& ctx, tensor_view<float, 2> x, train_cache& tc) {
+        const auto& be = ctx.be;
+        const std::int64_t n = x.dim(0), d = x.dim(1);
+        const auto live = ctx.batch.live();
+        tc.x_in = copy_of(be, x);
+        tc.h = tensor<float>({n, d});
+        ops::rms_norm(be, tc.x_in.template view<2>(), norm_.data(), ctx.norm_eps, Norm::flavor, tc.h.template view<2>());
+        tc.mask.assign(live.begin(), live.end());
+        if constexpr (!Gate::fires_all) {
+            auto& fire = ctx.ws.fire;
+            fire.assign(static_cast<std::size_t>(n), 0);
+            ctx.ws.score.clear();
+            if constexpr (requires { gate_.decide_train(ctx, tc.h.template view<2>(), std::span<unsigned char>(fire)); })
+                gate_.decide_train(ctx, tc.h.template view<2>(), std::span<unsigned char>(fire));  // advances its statistics
+            else
+                gate_.decide(ctx, tc.h.template view<2>(), std::span<unsigned char>(fire));
+            std::int64_t rows = 0, fired = 0;
+            for (std::size_t r = 0; r < fire.size(); ++r) {
+                tc.mask[r] = (fire[r] && live[r]) ? 1 : 0;
+                rows += live[r];
+                fired += tc.mask[r];
+            }
+            if (ctx.stats) ctx.stats->push_back(block_stats{ctx.layer, Gate::name, rows, fired, ctx.ws.score});
+        }
+        tensor<float> y({n, d});
+        mixer_.forward_train(be, ctx.batch.batch(), tc.h.template view<2>(), y.template view<2>(), tc.mixer);
+        const std::span<const unsigned char> mask(tc.mask);
+        if constexpr (Residual::replaces_stream)
+            ops::copy(be, tensor_view<const float, 3>(tc.h.data(), {n, 1, d}), tensor_view<float, 3>(x.data, {n, 1, d}, {x.strides[0], d, 1}));
+        ops::add_rows(be, x, y.template view<2>(), mask);
+        if constexpr (Mlp::present) {
+            tc.x_mid = copy_of(be, x);
+            tc.h2 = tensor<float>({n, d});
+            ops::rms_norm(be, tc.x_mid.template view<2>(), mlp_norm_.data(), ctx.norm_eps, Norm::flavor, tc.h2.template view<2>());
+            tc.gu = tensor<float>({n, 2 * mlp_.d_ff()});
+            ops::swiglu_train(be, mlp_, tc.h2.template view<2>(), tc.gu.template view<2>(), y.template view<2>());
+            ops::add_rows(be, x, y.template view<2>(), live);
+        }
+    }
+
+    /// Backward of forward_train: dx [n_rows, d] holds dL/d(output stream) on entry and dL/d(input stream) on exit;
+    /// parameter gradients are accumulated (+=) into `g`, a block of the same type holding gradient tensors.
+    template <host_backend B>
+    void backward(block_context<B>& ctx, const train_cache& tc, tensor_view<float, 2> dx, prenorm_block& g) const {
+        const auto& be = ctx.be;
+        const std::int64_t n = dx.dim(0), d = dx.dim(1);
+        const auto live = ctx.batch.live();
+        tensor<float> t1({n, d}), t2({n, d});
+        auto v1 = t1.template view<2>();
+        auto v2 = t2.template view<2>();
+        if constexpr (Mlp::present) {
+            // out = x_mid + swiglu(norm(x_mid)) on live rows.
+            ops::copy(be, as3(tensor_view<const float, 2>(dx)), as3(v1));
+            ops::zero_rows(be, v1, live);
+            ops::swiglu_backward(be, mlp_, tc.h2.template view<2>(), tc.gu.template view<2>(), tensor_view<const float, 2>(v1), v2,
+                                 g.mlp_);
+            ops::rms_norm_backward(be, tc.x_mid.template view<2>(), mlp_norm_.data(), ctx.norm_eps, Norm::flavor,
+                                   tensor_view<const float, 2>(v2), v1, g.mlp_norm_.data());
+            ops::add_rows(be, dx, tensor_view<const float, 2>(v1), live);
+        }
+        // out = x_in (or h when the stream is replaced) + mask ⊙ mixer(h), h = norm(x_in).
+        ops::copy(be, as3(tensor_view<const float, 2>(dx)), as3(v1));
+        ops::zero_rows(be, v1, std::span<const unsigned char>(tc.mask));
+        mixer_.backward(be, ctx.batch.batch(), tc.mixer, tc.h.template view<2>(), tensor_view<const float, 2>(v1), v2,
+                        g.mixer_.weights_mut());
+        if constexpr (Residual::replaces_stream) {
+            ops::add_rows(be, v2, tensor_view<const float, 2>(dx), live);
+            ops::rms_norm_backward(be, tc.x_in.template view<2>(), norm_.data(), ctx.norm_eps, Norm::flavor,
+                                   tensor_view<const float, 2>(v2), dx, g.norm_.data());
+            ops::zero_rows(be, dx, live);
+        } else {
+            ops::rms_norm_backward(be, tc.x_in.template view<2>(), norm_.data(), ctx.norm_eps, Norm::flavor,
+                                   tensor_view<const float, 2>(v2), v1, g.norm_.data());
+            ops::add_rows(be, dx, tensor_view<const float, 2>(v1), live);
+        }
+    }
+
 private:
+    template <class B>
+    static tensor<float> copy_of(const B& be, tensor_view<const float, 2> x) {
+        tensor<float> t({x.dim(0), x.dim(1)});
+        ops::copy(be, as3(x), as3(t.template view<2>()));
+        return t;
+    }
+    template <class T>
+    static tensor_view<T, 3> as3(tensor_view<T, 2> v) {
+        return tensor_view<T, 3>(v.data, {v.dim(0), 1, v.dim(1)}, {v.strides[0], v.dim(1), v.strides[1]});
+    }
+
     template <class B>
     void run_mixer(block_context<B>& ctx, state_type& s, tensor_view<const float, 2> h, tensor_view<float, 2> y) const {
         // The stack's validated batch goes down as it is (mixers that take only a seq_batch get that).

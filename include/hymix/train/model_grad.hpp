@@ -1,0 +1,203 @@
+// Loss and gradients of a whole stack (issue 8), llm.c style: one training forward through the embedding, every
+// block (each keeps what its backward needs: O(T·d) per layer) and the final norm, the fused streaming LM-head +
+// cross-entropy, then the blocks' backwards in reverse. Gradients live in a second model of the same type (same
+// tensors, same names), so every block writes its gradients into a block of its own type and an optimizer pairs
+// parameters with gradients by visiting both models in the same order. Layers below `frozen_prefix` run forward
+// only: their activations are dropped as soon as the next layer has its input, and backward stops above them.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "hymix/backend/concepts.hpp"
+#include "hymix/core/error.hpp"
+#include "hymix/core/finite.hpp"
+#include "hymix/core/seq_batch.hpp"
+#include "hymix/core/tensor.hpp"
+#include "hymix/ops/cross_entropy.hpp"
+#include "hymix/ops/elementwise.hpp"
+#include "hymix/ops/elementwise_backward.hpp"
+#include "hymix/ops/norm.hpp"
+#include "hymix/ops/norm_backward.hpp"
+#include "hymix/stack/cache.hpp"
+#include "hymix/stack/context.hpp"
+#include "hymix/train/optimizer.hpp"
+
+namespace hymix::train {
+
+namespace detail {
+template <class V>
+struct train_caches_of;
+template <class... Bs>
+struct train_caches_of<std::variant<Bs...>> {
+    using type = std::variant<typename Bs::train_cache...>;
+};
+/// f(integral_constant<I>, std::get<I>(v)) for the active alternative (index-based: equal types stay distinct).
+template <std::size_t I = 0, class V, class F>
+decltype(auto) visit_at(V&& v, F&& f) {
+    if constexpr (I + 1 < std::variant_size_v<std::remove_cvref_t<V>>) {
+        if (v.index() != I) return visit_at<I + 1>(std::forward<V>(v), std::forward<F>(f));
+    }
+    return f(std::integral_constant<std::size_t, I>{}, std::get<I>(v));
+}
+}  // namespace detail
+
+/// Everything one training step of `Model` keeps between its forward and its backward (reused across steps).
+template <class Model>
+struct activations {
+    using cache_variant = typename detail::train_caches_of<typename Model::block_variant>::type;
+    std::vector<cache_variant> layers;  // one per layer at or above frozen_prefix
+    stack_workspace ws;
+    std::vector<block_stats> stats;
+    tensor<float> x, x_final, h_final, dh, dx;  // [n, d]
+    std::vector<float> losses;                  // [n] nats per row (0 where the target is −1)
+    std::int64_t frozen_prefix = 0;             // layers [0, frozen_prefix) run forward only
+};
+
+/// The loss of one batch: Σ nats over the rows with a target, and their count.
+struct batch_loss {
+    double sum_nats = 0;
+    std::int64_t n_targets = 0;
+    double mean() const { return n_targets ? sum_nats / static_cast<double>(n_targets) : 0.0; }
+};
+
+/// A model of the same type as `m` whose every parameter is zero: where gradients accumulate.
+template <class Model>
+Model zeros_like(const Model& m) {
+    Model g = m;
+    g.for_each_param([](const std::string&, tensor<float>& t) { t.fill(0.0f); });
+    return g;
+}
+
+/// The trainable parameters of `m` paired with their gradients in `g` (a zeros_like of m), in the models' fixed
+/// visiting order. `frozen(name)` marks parameters the optimizer skips. Throws shape_error when m and g differ.
+template <class Model, class Frozen>
+std::vector<param> parameters(Model& m, Model& g, Frozen&& frozen) {
+    std::vector<param> ps;
+    m.for_each_param([&](const std::string& name, tensor<float>& t) {
+        param p;
+        p.name = name;
+        p.value = &t;
+        p.decay = decays_by_default(t);
+        p.frozen = frozen(name);
+        ps.push_back(std::move(p));
+    });
+    std::size_t i = 0;
+    g.for_each_param([&](const std::string& name, tensor<float>& t) {
+        if (i >= ps.size() || ps[i].name != name || ps[i].value->shape() != t.shape())
+            throw shape_error("train::parameters: the gradient model does not match the model at '" + name + "'");
+        ps[i++].grad = &t;
+    });
+    if (i != ps.size()) throw shape_error("train::parameters: the gradient model has fewer tensors than the model");
+    return ps;
+}
+template <class Model>
+std::vector<param> parameters(Model& m, Model& g) {
+    return parameters(m, g, [](const std::string&) { return false; });
+}
+
+/// Sets every gradient of `ps` to zero.
+inline void zero_grads(std::vector<param>& ps) {
+    for (auto& p : ps)
+        if (p.grad) p.grad->fill(0.0f);
+}
+
+/// One training forward and backward of `m` over `batch` (fresh states for every sequence): accumulates
+/// grad_scale · d(Σ losses)/dθ into the gradient model `g` (a zeros_like of m; += so micro-batches accumulate) and
+/// returns the loss. tokens and targets [n_rows] (target −1: no loss at that row; rows outside every sequence are
+/// ignored). Throws shape_error (sizes), value_error (token or target outside [0, V)), nonfinite_error when the loss
+/// is not finite.
+template <backend B, class Model>
+batch_loss loss_and_grad(const B& be, Model& m, Model& g, activations<Model>& a, const seq_batch& batch,
+                         std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, float grad_scale) {
+    const std::int64_t n = batch.n_rows, d = m.config().d_model, V = m.config().vocab_size, L = m.n_layers();
+    if (static_cast<std::int64_t>(tokens.size()) != n || static_cast<std::int64_t>(targets.size()) != n)
+        throw shape_error("loss_and_grad: " + std::to_string(tokens.size()) + " tokens and " + std::to_string(targets.size()) +
+                          " targets for a batch of " + std::to_string(n) + " rows");
+    if (a.frozen_prefix < 0 || a.frozen_prefix > L)
+        throw value_error("loss_and_grad: frozen_prefix " + std::to_string(a.frozen_prefix) + " outside [0, " + std::to_string(L) + "]");
+    const validated_batch vb(batch, std::max<std::int64_t>(batch.n_seq(), 1));
+    const auto live = vb.live();
+    std::vector<std::int32_t> tgt(targets.begin(), targets.end());
+    for (std::int64_t r = 0; r < n; ++r) {
+        const auto ri = static_cast<std::size_t>(r);
+        if (!live[ri]) {
+            tgt[ri] = -1;
+            continue;
+        }
+        if (tokens[ri] < 0 || tokens[ri] >= V)
+            throw value_error("loss_and_grad: token id " + std::to_string(tokens[ri]) + " at row " + std::to_string(r) +
+                              " outside the vocabulary [0, " + std::to_string(V) + ")");
+        if (tgt[ri] < -1 || tgt[ri] >= V)
+            throw value_error("loss_and_grad: target " + std::to_string(tgt[ri]) + " at row " + std::to_string(r) +
+                              " outside [0, " + std::to_string(V) + ") (or −1 for none)");
+    }
+
+    // Forward.
+    a.x = tensor<float>({n, d});
+    auto x = a.x.template view<2>();
+    ops::embedding(be, m.weights().embedding.template view<2>(), tokens, live, x);
+    a.stats.clear();
+    block_context<B> ctx{be, vb, m.head(), m.weights().final_norm.data(), m.config().norm_eps, Model::norm_type::flavor, {}, a.ws, &a.stats, 0};
+    a.layers.clear();
+    a.layers.reserve(static_cast<std::size_t>(L - a.frozen_prefix));
+    for (std::int64_t l = 0; l < L; ++l) {
+        ctx.layer = l;
+        detail::visit_at(m.layer_at(l), [&](auto I, auto& blk) {
+            constexpr std::size_t i = decltype(I)::value;
+            if (l < a.frozen_prefix) {
+                std::variant_alternative_t<i, typename activations<Model>::cache_variant> tmp;
+                blk.forward_train(ctx, x, tmp);  // dropped right away: nothing is kept for backward
+            } else {
+                a.layers.emplace_back(std::in_place_index<i>);
+                blk.forward_train(ctx, x, std::get<i>(a.layers.back()));
+            }
+        });
+    }
+    a.x_final = tensor<float>({n, d});
+    ops::copy(be, tensor_view<const float, 3>(a.x.data(), {n, 1, d}), tensor_view<float, 3>(a.x_final.data(), {n, 1, d}));
+    a.h_final = tensor<float>({n, d});
+    ops::rms_norm(be, a.x_final.template view<2>(), m.weights().final_norm.data(), m.final_eps(), m.final_flavor(),
+                  a.h_final.template view<2>());
+
+    // Loss and the head's backward (fused, streaming over the vocabulary).
+    a.losses.assign(static_cast<std::size_t>(n), 0.0f);
+    a.dh = tensor<float>({n, d});
+    auto& gw = g.weights_mut();
+    tensor<float>& dhead = m.config().tie_embeddings ? gw.embedding : gw.lm_head;
+    ops::cross_entropy(be, a.h_final.template view<2>(), m.head(), std::span<const std::int32_t>(tgt), std::span<float>(a.losses),
+                       a.dh.template view<2>(), dhead.template view<2>(), grad_scale);
+    batch_loss out;
+    for (std::int64_t r = 0; r < n; ++r)
+        if (tgt[static_cast<std::size_t>(r)] >= 0) {
+            out.sum_nats += a.losses[static_cast<std::size_t>(r)];
+            ++out.n_targets;
+        }
+    if (!std::isfinite(out.sum_nats))
+        throw nonfinite_error("loss_and_grad: the loss is " + nonfinite_name(out.sum_nats) + " (NaN or Inf activations)");
+
+    // Backward.
+    a.dx = tensor<float>({n, d});
+    auto dx = a.dx.template view<2>();
+    ops::rms_norm_backward(be, a.x_final.template view<2>(), m.weights().final_norm.data(), m.final_eps(),
+                           m.final_flavor(), a.dh.template view<2>(), dx, gw.final_norm.data());
+    for (std::int64_t l = L - 1; l >= a.frozen_prefix; --l) {
+        ctx.layer = l;
+        auto& cache = a.layers[static_cast<std::size_t>(l - a.frozen_prefix)];
+        detail::visit_at(m.layer_at(l), [&](auto I, const auto& blk) {
+            constexpr std::size_t i = decltype(I)::value;
+            auto& gb = std::get<i>(g.layer_at(l));
+            blk.backward(ctx, std::get<i>(cache), dx, gb);
+        });
+    }
+    if (a.frozen_prefix == 0)
+        ops::embedding_backward(be, tokens, live, a.dx.template view<2>(), gw.embedding.template view<2>());
+    return out;
+}
+
+}  // namespace hymix::train

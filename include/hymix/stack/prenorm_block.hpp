@@ -137,7 +137,7 @@ public:
                 rows += live[r];
                 fired += fire[r];
             }
-            if (ctx.stats) ctx.stats->push_back(block_stats{ctx.layer, Gate::name, rows, fired, ws.score});
+            if (ctx.stats) ctx.stats->push_back(block_stats{ctx.layer, Gate::name, rows, fired, ws.score, ws.score_threshold});
             if constexpr (detail::sparse_mixer<Mixer, B>) {
                 mixer_.forward_sparse(be, s, ctx.batch, hc, y, std::span<const unsigned char>(fire));
             } else {
@@ -193,10 +193,13 @@ public:
                 rows += live[r];
                 fired += tc.mask[r];
             }
-            if (ctx.stats) ctx.stats->push_back(block_stats{ctx.layer, Gate::name, rows, fired, ctx.ws.score});
+            if (ctx.stats) ctx.stats->push_back(block_stats{ctx.layer, Gate::name, rows, fired, ctx.ws.score, ctx.ws.score_threshold});
         }
         tensor<float> y({n, d});
-        mixer_.forward_train(be, ctx.batch.batch(), tc.h.template view<2>(), y.template view<2>(), tc.mixer);
+        if constexpr (requires { mixer_.forward_train(be, ctx.batch.batch(), tc.h.template view<2>(), y.template view<2>(), tc.mixer, ctx.side); })
+            mixer_.forward_train(be, ctx.batch.batch(), tc.h.template view<2>(), y.template view<2>(), tc.mixer, ctx.side);  // per-token modes
+        else
+            mixer_.forward_train(be, ctx.batch.batch(), tc.h.template view<2>(), y.template view<2>(), tc.mixer);
         const std::span<const unsigned char> mask(tc.mask);
         if constexpr (Residual::replaces_stream)
             ops::copy(be, tensor_view<const float, 3>(tc.h.data(), {n, 1, d}), tensor_view<float, 3>(x.data, {n, 1, d}, {x.strides[0], d, 1}));
@@ -262,6 +265,11 @@ private:
 
     template <class B>
     void run_mixer(block_context<B>& ctx, state_type& s, tensor_view<const float, 2> h, tensor_view<float, 2> y) const {
+        // Mixers with per-token modes (Oryx, spec.md §6.4) read them from the side input.
+        if constexpr (requires { mixer_.forward(ctx.be, s, ctx.batch.batch(), h, y, ctx.side); }) {
+            mixer_.forward(ctx.be, s, ctx.batch.batch(), h, y, ctx.side);
+            return;
+        }
         // The stack's validated batch goes down as it is (mixers that take only a seq_batch get that).
         if (ctx.batch.is_decode()) {
             if constexpr (requires { mixer_.step(ctx.be, s, ctx.batch, h, y); })

@@ -110,11 +110,12 @@ inline void zero_grads(std::vector<param>& ps) {
 /// One training forward and backward of `m` over `batch` (fresh states for every sequence): accumulates
 /// grad_scale · d(Σ losses)/dθ into the gradient model `g` (a zeros_like of m; += so micro-batches accumulate) and
 /// returns the loss. tokens and targets [n_rows] (target −1: no loss at that row; rows outside every sequence are
-/// ignored). Throws shape_error (sizes), value_error (token or target outside [0, V)), nonfinite_error when the loss
-/// is not finite.
+/// ignored); `side` is the per-token side input of the blocks (Oryx modes, gate decisions; [n_rows] or empty). Throws
+/// shape_error (sizes), value_error (token or target outside [0, V)), nonfinite_error when the loss is not finite.
 template <backend B, class Model>
 batch_loss loss_and_grad(const B& be, Model& m, Model& g, activations<Model>& a, const seq_batch& batch,
-                         std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, float grad_scale) {
+                         std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, float grad_scale,
+                         std::span<const unsigned char> side = {}) {
     const std::int64_t n = batch.n_rows, d = m.config().d_model, V = m.config().vocab_size, L = m.n_layers();
     if (static_cast<std::int64_t>(tokens.size()) != n || static_cast<std::int64_t>(targets.size()) != n)
         throw shape_error("loss_and_grad: " + std::to_string(tokens.size()) + " tokens and " + std::to_string(targets.size()) +
@@ -143,7 +144,9 @@ batch_loss loss_and_grad(const B& be, Model& m, Model& g, activations<Model>& a,
     auto x = a.x.template view<2>();
     ops::embedding(be, m.weights().embedding.template view<2>(), tokens, live, x);
     a.stats.clear();
-    block_context<B> ctx{be, vb, m.head(), m.weights().final_norm.data(), m.config().norm_eps, Model::norm_type::flavor, {}, a.ws, &a.stats, 0};
+    if (!side.empty() && static_cast<std::int64_t>(side.size()) != n)
+        throw shape_error("loss_and_grad: side input has " + std::to_string(side.size()) + " entries for " + std::to_string(n) + " rows");
+    block_context<B> ctx{be, vb, m.head(), m.weights().final_norm.data(), m.config().norm_eps, Model::norm_type::flavor, side, a.ws, &a.stats, 0};
     a.layers.clear();
     a.layers.reserve(static_cast<std::size_t>(L - a.frozen_prefix));
     for (std::int64_t l = 0; l < L; ++l) {

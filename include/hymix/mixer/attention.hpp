@@ -1,6 +1,8 @@
 // Causal softmax attention layer (spec.md §2): q/k/v projections, optional qk-norm (plain or zero-centred,
 // before RoPE), RoPE, GQA attention over a per-slot KV cache, optional Qwen3-Next/3.5 output gate, o_proj.
 // Weight names and shapes follow the Hugging Face `self_attn.{q,k,v,o}_proj`, `q_norm`, `k_norm` layout.
+// Training (issue 8): forward_train from empty caches saves O(T·d) per layer and backward runs the ops' backwards in
+// reverse (o_proj, output gate, flash-style attention backward, RoPE transpose, qk-norm, q/k/v projections).
 #pragma once
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "hymix/backend/cpu.hpp"
@@ -26,9 +29,14 @@
 #include "hymix/mixer/concepts.hpp"
 #include "hymix/mixer/kv_cache.hpp"
 #include "hymix/ops/attention.hpp"
+#include "hymix/ops/attention_backward.hpp"
 #include "hymix/ops/elementwise.hpp"
+#include "hymix/ops/elementwise_backward.hpp"
 #include "hymix/ops/linear.hpp"
+#include "hymix/ops/linear_backward.hpp"
 #include "hymix/ops/norm.hpp"
+#include "hymix/ops/norm_backward.hpp"
+#include "hymix/ops/rope_backward.hpp"
 
 namespace hymix {
 
@@ -119,6 +127,29 @@ struct attention_weights {
         }
     }
 
+    /// Visits every present tensor as f(name, tensor) with its Hugging Face name relative to the layer
+    /// ("q_proj.weight", ..., "q_norm.weight" and "k_norm.weight" only with qk-norm), in that order.
+    template <class F>
+    void for_each(F&& f) {
+        visit(*this, f);
+    }
+    template <class F>
+    void for_each(F&& f) const {
+        visit(*this, f);
+    }
+    /// Same tensors and shapes, all zero: the gradient accumulator of backward.
+    attention_weights zeros_like() const {
+        attention_weights z;
+        auto zero = [](const tensor<float>& t) { return t.data() ? tensor<float>(t.shape()) : tensor<float>(); };
+        z.q_proj = zero(q_proj);
+        z.k_proj = zero(k_proj);
+        z.v_proj = zero(v_proj);
+        z.o_proj = zero(o_proj);
+        z.q_norm = zero(q_norm);
+        z.k_norm = zero(k_norm);
+        return z;
+    }
+
     /// Random weights for tests and benchmarks: projections uniform in ±1/sqrt(fan_in); norm weights near their
     /// identity value (0 for zero-centred, 1 for plain) with a ±0.2 perturbation so the tests see them.
     static attention_weights random(const attention_config& c, std::uint64_t seed) {
@@ -148,6 +179,39 @@ struct attention_weights {
         }
         return w;
     }
+
+private:
+    template <class W, class F>
+    static void visit(W& w, F& f) {
+        const auto one = [&f](const char* name, auto& t) {
+            if (t.data()) f(std::string_view(name), t);
+        };
+        one("q_proj.weight", w.q_proj);
+        one("k_proj.weight", w.k_proj);
+        one("v_proj.weight", w.v_proj);
+        one("o_proj.weight", w.o_proj);
+        one("q_norm.weight", w.q_norm);
+        one("k_norm.weight", w.k_norm);
+    }
+};
+
+/// What attention::forward_train keeps for backward: O(T·d) floats per layer (about 2·q_rows + 4·kv_rows + H·d_h + H
+/// per token), never a [T, T] matrix. Reusable across calls (tensors are reallocated only when the shapes change).
+struct attention_train_cache {
+    std::int64_t n_rows = 0;
+    std::vector<std::int64_t> starts, lengths;  // the batch's sequences: backward checks it gets the same batch
+    std::vector<std::int64_t> pos;              // [N] position of each row in its sequence (0 outside)
+    std::vector<unsigned char> live;            // [N] 1 for rows inside a sequence
+    tensor<float> qproj;  // [N, q_rows]     q_proj output: pre-norm queries (and the gate pre-activations)
+    tensor<float> kproj;  // [N, H_kv·d_h]   k_proj output before qk-norm (only with qk-norm)
+    tensor<float> q;      // [N, H, d_h]     queries after qk-norm and RoPE
+    tensor<float> k;      // [N, H_kv, d_h]  keys after qk-norm and RoPE
+    tensor<float> v;      // [N, H_kv, d_h]
+    tensor<float> o;      // [N, H, d_h]     attention output before the gate (0 outside sequences)
+    tensor<float> lse;    // [N, H]          its natural-log LSE
+    // Scratch of forward_train and backward (not read across calls), kept so that repeated steps neither allocate nor
+    // page-fault: a = o ⊙ σ(gate), da, dq, dk, dv, dqproj, one dx term.
+    mutable tensor<float> ws_a, ws_da, ws_dq, ws_dk, ws_dv, ws_dqproj, ws_dx;
 };
 
 /// The attention mixer's state is a KV cache (mixer/kv_cache.hpp).
@@ -159,6 +223,7 @@ public:
     using config_type = attention_config;
     using weights_type = attention_weights;
     using state_type = attention_state;
+    using train_cache = attention_train_cache;
     static constexpr kind_info kind{layer_kind::attention, {"full_attention", "attention"}};
 
     /// Validates both (config_error / shape_error).
@@ -169,6 +234,8 @@ public:
 
     const attention_config& config() const noexcept { return cfg_; }
     const attention_weights& weights() const noexcept { return w_; }
+    /// Mutable weights for the optimizer (the layer caches nothing derived from them).
+    attention_weights& weights_mut() noexcept { return w_; }
     /// An empty KV cache with `n_slots` slots (call reserve() on it to pre-size the capacity).
     attention_state make_state(std::int64_t n_slots) const { return attention_state(n_slots, cfg_.n_kv_heads, cfg_.head_dim); }
 
@@ -210,7 +277,212 @@ public:
         run(be, st, vb, x, y, vb.is_decode(), fire);
     }
 
+    /// Training forward from empty KV caches over the sequences of `batch` (packed; slots are ignored): as forward on a
+    /// fresh state (the same ops, so the same values), saving what backward needs in `tc`. x, y [n_rows, d_model];
+    /// rows outside every sequence get y = 0. Throws shape_error on bad shapes or overlapping sequences.
+    template <host_backend B>
+    void forward_train(const B& be, const seq_batch& batch, tensor_view<const float, 2> x, tensor_view<float, 2> y,
+                       train_cache& tc) const {
+        check_train_batch(batch, "attention::forward_train");
+        const std::int64_t d = cfg_.d_model, H = cfg_.n_heads, Hkv = cfg_.n_kv_heads, dh = cfg_.head_dim, N = batch.n_rows;
+        const std::int64_t qr = cfg_.q_rows(), kr = cfg_.kv_rows(), ad = H * dh;
+        x.require_shape({N, d}, "attention::forward_train", "x");
+        y.require_shape({N, d}, "attention::forward_train", "y");
+        tc.n_rows = N;
+        tc.starts = batch.starts;
+        tc.lengths = batch.lengths;
+        tc.pos.assign(static_cast<std::size_t>(N), 0);
+        tc.live.assign(static_cast<std::size_t>(N), 0);
+        for (std::int64_t s = 0; s < batch.n_seq(); ++s)
+            for (std::int64_t t = 0; t < batch.lengths[static_cast<std::size_t>(s)]; ++t) {
+                const auto r = static_cast<std::size_t>(batch.starts[static_cast<std::size_t>(s)] + t);
+                tc.pos[r] = t;
+                tc.live[r] = 1;
+            }
+        const bool qkn = cfg_.qk_norm.mode != qk_norm_mode::none;
+        ensure(tc.qproj, {N, qr});
+        if (qkn) ensure(tc.kproj, {N, kr});
+        ensure(tc.q, {N, H, dh});
+        ensure(tc.k, {N, Hkv, dh});
+        ensure(tc.v, {N, Hkv, dh});
+        ensure(tc.o, {N, H, dh});
+        ensure(tc.lse, {N, H});
+        if (N == 0) return;
+
+        // 1. Projections; q (and k with qk-norm) copied out of the raw projections, which backward needs.
+        ops::linear(be, x, w_.q_proj.view<2>(), nullptr, tc.qproj.view<2>());
+        const tensor_view<float, 2> k2(tc.k.data(), {N, kr}), v2(tc.v.data(), {N, kr});
+        ops::linear(be, x, w_.k_proj.view<2>(), nullptr, qkn ? tc.kproj.view<2>() : k2);
+        ops::linear(be, x, w_.v_proj.view<2>(), nullptr, v2);
+        ops::copy(be, query_view(tc.qproj), tc.q.view<3>());
+        if (qkn) ops::copy(be, tensor_view<const float, 3>(tc.kproj.data(), {N, Hkv, dh}), tc.k.view<3>());
+
+        // 2. qk-norm, RoPE at each row's position in its sequence.
+        if (qkn) {
+            ops::rms_norm_heads(be, tc.q.view<3>(), w_.q_norm.data(), static_cast<float>(cfg_.qk_norm.eps), qk_flavor());
+            ops::rms_norm_heads(be, tc.k.view<3>(), w_.k_norm.data(), static_cast<float>(cfg_.qk_norm.eps), qk_flavor());
+        }
+        const std::int64_t d_rot = cfg_.rope_dims();
+        if (d_rot > 0) {
+            ops::rope(be, tc.q.view<3>(), tc.pos, cfg_.rope.mode, cfg_.rope.theta, d_rot);
+            ops::rope(be, tc.k.view<3>(), tc.pos, cfg_.rope.mode, cfg_.rope.theta, d_rot);
+        }
+
+        // 3. One attention problem per sequence (its queries are all its keys), with the LSE kept.
+        std::vector<kernels::attention_problem<float>> probs;
+        for (std::int64_t s = 0; s < batch.n_seq(); ++s) {
+            const std::int64_t r0 = batch.starts[static_cast<std::size_t>(s)], T = batch.lengths[static_cast<std::size_t>(s)];
+            if (T == 0) continue;
+            kernels::attention_problem<float> p;
+            p.q = tensor_view<const float, 3>(tc.q.view<3>().slice(r0, T));
+            p.k = tensor_view<const float, 3>(tc.k.view<3>().slice(r0, T));
+            p.v = tensor_view<const float, 3>(tc.v.view<3>().slice(r0, T));
+            p.o = tc.o.view<3>().slice(r0, T);
+            p.lse = tc.lse.view<2>().slice(r0, T);
+            probs.push_back(p);
+        }
+        ops::attention_prefill(be, std::span<const kernels::attention_problem<float>>(probs), {cfg_.scale, cfg_.sliding_window});
+        ops::zero_rows(be, tensor_view<float, 2>(tc.o.data(), {N, ad}), tc.live);
+
+        // 4. Output gate on a copy of o, then o_proj.
+        ensure(tc.ws_a, {N, H, dh});
+        gated_output(be, tc, tc.ws_a);
+        ops::linear(be, tensor_view<const float, 2>(tc.ws_a.data(), {N, ad}), w_.o_proj.view<2>(), nullptr, y);
+    }
+
+    /// Backward of forward_train over the same batch, cache `tc` and input x: dx [n_rows, d_model] is overwritten (0
+    /// outside sequences); the weight gradients are accumulated into g (shaped as the weights: weights().zeros_like()).
+    /// dy rows outside sequences are ignored. Runs o_proj → output gate → attention → RoPE transpose → qk-norm →
+    /// q/k/v projections. Throws shape_error on bad shapes, a cache of another batch, or g of another shape.
+    template <host_backend B>
+    void backward(const B& be, const seq_batch& batch, const train_cache& tc, tensor_view<const float, 2> x,
+                  tensor_view<const float, 2> dy, tensor_view<float, 2> dx, weights_type& g) const {
+        const char* who = "attention::backward";
+        check_train_batch(batch, who);
+        const std::int64_t d = cfg_.d_model, H = cfg_.n_heads, Hkv = cfg_.n_kv_heads, dh = cfg_.head_dim, N = batch.n_rows;
+        const std::int64_t qr = cfg_.q_rows(), kr = cfg_.kv_rows(), ad = H * dh;
+        if (tc.n_rows != N || tc.starts != batch.starts || tc.lengths != batch.lengths)
+            throw shape_error(std::string(who) + ": train_cache was filled by forward_train on another batch (" +
+                              std::to_string(tc.n_rows) + " rows, " + std::to_string(tc.starts.size()) + " sequences; this batch has " +
+                              std::to_string(N) + " rows, " + std::to_string(batch.n_seq()) + " sequences)");
+        tc.q.view<3>().require_shape({N, H, dh}, who, "train_cache.q");  // a cache of another layer shape
+        tc.k.view<3>().require_shape({N, Hkv, dh}, who, "train_cache.k");
+        x.require_shape({N, d}, who, "x");
+        dy.require_shape({N, d}, who, "dy");
+        dx.require_shape({N, d}, who, "dx");
+        g.validate(cfg_);
+        if (N == 0) return;
+        const bool qkn = cfg_.qk_norm.mode != qk_norm_mode::none;
+
+        // 1. o_proj: da = dy · W_o (rows outside sequences dropped), dW_o += dyᵀ · a with a = o ⊙ σ(gate) recomputed.
+        tensor<float>&a = tc.ws_a, &da = tc.ws_da, &dqproj = tc.ws_dqproj, &dq = tc.ws_dq, &dk = tc.ws_dk, &dv = tc.ws_dv, &dxt = tc.ws_dx;
+        ensure(a, {N, H, dh});
+        ensure(da, {N, H, dh});
+        ensure(dqproj, {N, qr});
+        ensure(dq, {N, H, dh});
+        ensure(dk, {N, Hkv, dh});
+        ensure(dv, {N, Hkv, dh});
+        ensure(dxt, {N, d});
+        gated_output(be, tc, a);
+        const tensor_view<float, 2> da2(da.data(), {N, ad});
+        ops::linear_backward(be, tensor_view<const float, 2>(a.data(), {N, ad}), w_.o_proj.view<2>(), dy, da2, g.o_proj.view<2>(), nullptr);
+        ops::zero_rows(be, da2, tc.live);
+
+        // 2. Output gate: do = da ⊙ σ(gate) in place, dgate into the gate channels of dqproj.
+        if (cfg_.output_gate)
+            ops::mul_sigmoid_backward(be, tensor_view<const float, 3>(tc.o.view<3>()), gate_view(tc.qproj), tensor_view<const float, 3>(da.view<3>()),
+                                      da.view<3>(), gate_view(dqproj), tc.live);
+
+        // 3. Attention backward per sequence: dq, dk, dv (0 outside sequences).
+        ops::zero_rows(be, tensor_view<float, 2>(dq.data(), {N, ad}), tc.live);
+        ops::zero_rows(be, tensor_view<float, 2>(dk.data(), {N, kr}), tc.live);
+        ops::zero_rows(be, tensor_view<float, 2>(dv.data(), {N, kr}), tc.live);
+        std::vector<kernels::attention_backward_problem<float>> probs;
+        for (std::int64_t s = 0; s < batch.n_seq(); ++s) {
+            const std::int64_t r0 = batch.starts[static_cast<std::size_t>(s)], T = batch.lengths[static_cast<std::size_t>(s)];
+            if (T == 0) continue;
+            kernels::attention_backward_problem<float> p;
+            p.q = tc.q.view<3>().slice(r0, T);
+            p.k = tc.k.view<3>().slice(r0, T);
+            p.v = tc.v.view<3>().slice(r0, T);
+            p.o = tc.o.view<3>().slice(r0, T);
+            p.lse = tc.lse.view<2>().slice(r0, T);
+            p.dout = tensor_view<const float, 3>(da.view<3>().slice(r0, T));
+            p.dq = dq.view<3>().slice(r0, T);
+            p.dk = dk.view<3>().slice(r0, T);
+            p.dv = dv.view<3>().slice(r0, T);
+            probs.push_back(p);
+        }
+        ops::attention_prefill_backward(be, std::span<const kernels::attention_backward_problem<float>>(probs),
+                                        {cfg_.scale, cfg_.sliding_window});
+
+        // 4. RoPE transpose, then qk-norm backward into the raw projections' gradients.
+        const std::int64_t d_rot = cfg_.rope_dims();
+        if (d_rot > 0) {
+            ops::rope_backward(be, dq.view<3>(), tc.pos, cfg_.rope.mode, cfg_.rope.theta, d_rot);
+            ops::rope_backward(be, dk.view<3>(), tc.pos, cfg_.rope.mode, cfg_.rope.theta, d_rot);
+        }
+        const auto dq_raw = query_view(dqproj);  // [N, H, d_h] query channels of dqproj
+        if (qkn) {
+            const auto eps = static_cast<float>(cfg_.qk_norm.eps);
+            ops::rms_norm_heads_backward(be, query_view(tc.qproj), w_.q_norm.data(), eps, qk_flavor(), tensor_view<const float, 3>(dq.view<3>()),
+                                         dq_raw, g.q_norm.data());
+            ops::rms_norm_heads_backward(be, tensor_view<const float, 3>(tc.kproj.data(), {N, Hkv, dh}), w_.k_norm.data(), eps, qk_flavor(),
+                                         tensor_view<const float, 3>(dk.view<3>()), dk.view<3>(), g.k_norm.data());
+        } else {
+            ops::copy(be, tensor_view<const float, 3>(dq.view<3>()), dq_raw);
+        }
+
+        // 5. Projections: dx = dqproj · W_q + dk · W_k + dv · W_v, dW += dᵀ · x.
+        ops::linear_backward(be, x, w_.q_proj.view<2>(), tensor_view<const float, 2>(dqproj.view<2>()), dx, g.q_proj.view<2>(), nullptr);
+        ops::linear_backward(be, x, w_.k_proj.view<2>(), tensor_view<const float, 2>(dk.data(), {N, kr}), dxt.view<2>(), g.k_proj.view<2>(), nullptr);
+        ops::add_rows(be, dx, tensor_view<const float, 2>(dxt.view<2>()), tc.live);
+        ops::linear_backward(be, x, w_.v_proj.view<2>(), tensor_view<const float, 2>(dv.data(), {N, kr}), dxt.view<2>(), g.v_proj.view<2>(), nullptr);
+        ops::add_rows(be, dx, tensor_view<const float, 2>(dxt.view<2>()), tc.live);
+        ops::zero_rows(be, dx, tc.live);
+    }
+
 private:
+    /// Sequences inside [0, n_rows), not overlapping; slots are not used by training.
+    static void check_train_batch(const seq_batch& batch, const char* who) {
+        seq_batch b = batch;
+        for (std::size_t i = 0; i < b.slots.size(); ++i) b.slots[i] = static_cast<std::int64_t>(i);
+        try {
+            b.validate();
+        } catch (const shape_error& e) {
+            throw shape_error(std::string(who) + ": " + e.what());
+        }
+    }
+    static void ensure(tensor<float>& t, std::vector<std::int64_t> shape) {
+        if (t.shape() != shape || !t.data()) t = tensor<float>(std::move(shape));
+    }
+    kernels::rms_flavor qk_flavor() const {
+        return cfg_.qk_norm.mode == qk_norm_mode::plain ? kernels::rms_flavor::plain : kernels::rms_flavor::zero_centered;
+    }
+    /// [N, H, d_h] query channels of a [N, q_rows] projection (every other d_h block with the output gate).
+    template <class T>
+    tensor_view<T, 3> query_view(T* p, std::int64_t N) const {
+        const std::int64_t dh = cfg_.head_dim;
+        return tensor_view<T, 3>(p, {N, cfg_.n_heads, dh}, {cfg_.q_rows(), cfg_.output_gate ? 2 * dh : dh, 1});
+    }
+    tensor_view<const float, 3> query_view(const tensor<float>& t) const { return query_view(t.data(), t.dim(0)); }
+    tensor_view<float, 3> query_view(tensor<float>& t) const { return query_view(t.data(), t.dim(0)); }
+    /// [N, H, d_h] gate channels of a [N, q_rows] projection (output gate only).
+    tensor_view<const float, 3> gate_view(const tensor<float>& t) const {
+        const std::int64_t dh = cfg_.head_dim;
+        return tensor_view<const float, 3>(t.data() + dh, {t.dim(0), cfg_.n_heads, dh}, {cfg_.q_rows(), 2 * dh, 1});
+    }
+    tensor_view<float, 3> gate_view(tensor<float>& t) const {
+        const std::int64_t dh = cfg_.head_dim;
+        return tensor_view<float, 3>(t.data() + dh, {t.dim(0), cfg_.n_heads, dh}, {cfg_.q_rows(), 2 * dh, 1});
+    }
+    /// a = o ⊙ σ(gate) on the live rows (a = o without the gate); o is 0 outside sequences.
+    template <host_backend B>
+    void gated_output(const B& be, const train_cache& tc, tensor<float>& a) const {
+        ops::copy(be, tc.o.view<3>(), a.view<3>());
+        if (cfg_.output_gate) ops::mul_sigmoid(be, a.view<3>(), gate_view(tc.qproj), tc.live);
+    }
+
     template <host_backend B>
     void run(const B& be, attention_state& st, const validated_batch& vb, tensor_view<const float, 2> x, tensor_view<float, 2> y,
              bool decode, std::span<const unsigned char> fire) const {

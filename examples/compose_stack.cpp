@@ -1,11 +1,13 @@
 // Composing a hybrid stack at compile time: Gated DeltaNet layers with a causal-attention layer every third
 // layer (the Qwen3-Next / Qwen3.5 rule "(i + 1) % 3 == 0" here), zero-centred RMSNorm and SwiGLU MLPs.
-// The weights are random (a real checkpoint loads through hymix::auto_model, see examples/tool); the program
-// prefills a prompt through a cache, decodes a few tokens one step at a time, and checks that the decode path
-// gives the same logits as one prefill over the whole sequence.
+// The weights are random (hymix::random_stack; a real checkpoint loads through hymix::auto_model, see examples/tool);
+// the program prefills a prompt through a cache, decodes a few tokens one step at a time, and checks that the decode
+// path gives the same logits as one prefill over the whole sequence.
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
-#include <random>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "hymix/backend/cpu.hpp"
@@ -13,6 +15,7 @@
 #include "hymix/mixer/attention.hpp"
 #include "hymix/mixer/gated_deltanet.hpp"
 #include "hymix/stack/model.hpp"
+#include "hymix/stack/random_stack.hpp"
 
 using namespace hymix;
 
@@ -24,15 +27,9 @@ namespace {
 
 constexpr std::int64_t d_model = 128, vocab = 256, d_ff = 256, n_layers = 6;
 
-tensor<float> random_tensor(std::vector<std::int64_t> shape, float scale, std::mt19937_64& g) {
-    tensor<float> t(std::move(shape));
-    std::uniform_real_distribution<float> u(-scale, scale);
-    for (auto& x : t.span()) x = u(g);
-    return t;
-}
-
+// Random weights, initialised as the Hugging Face models are (stack/random_stack.hpp). docs/building_stacks.md shows
+// how to build the same stack from your own tensors (stack_config, stack_weights and one hybrid_lm::layer per layer).
 hybrid_lm build(std::uint64_t seed) {
-    std::mt19937_64 g(seed);
     gated_deltanet_config gdn;
     gdn.d_model = d_model;
     gdn.n_k_heads = 2;
@@ -48,21 +45,9 @@ hybrid_lm build(std::uint64_t seed) {
     att.qk_norm.mode = qk_norm_mode::zero_centered;
     att.rope.partial_rotary_factor = 0.25;
 
-    std::vector<hybrid_lm::layer> layers;
-    for (std::int64_t i = 0; i < n_layers; ++i) {
-        const bool is_attention = interval_rule<3>::kind_at(i) == layer_kind::attention;
-        auto mixer = is_attention
-                         ? hybrid_lm::mixer_variant(std::in_place_type<attention>, att, attention_weights::random(att, seed + i))
-                         : hybrid_lm::mixer_variant(std::in_place_type<gated_deltanet>, gdn, gated_deltanet_weights::random(gdn, seed + i));
-        swiglu_weights mlp;
-        mlp.gate_proj = random_tensor({d_ff, d_model}, 0.1f, g);
-        mlp.up_proj = random_tensor({d_ff, d_model}, 0.1f, g);
-        mlp.down_proj = random_tensor({d_model, d_ff}, 0.1f, g);
-        layers.emplace_back(tensor<float>({d_model}), std::move(mixer), tensor<float>({d_model}), std::move(mlp));
-    }
-    stack_config cfg{.d_model = d_model, .vocab_size = vocab, .norm_eps = 1e-6f, .tie_embeddings = true};
-    stack_weights w{random_tensor({vocab, d_model}, 1.0f, g), tensor<float>({d_model}), {}};
-    return hybrid_lm(cfg, std::move(w), std::move(layers));
+    const stack_config cfg{.d_model = d_model, .vocab_size = vocab, .norm_eps = 1e-6f, .tie_embeddings = true};
+    // One mixer config per bound kind, in binding order; the schedule says which layer gets which.
+    return random_stack<hybrid_lm>(cfg, {.n_layers = n_layers, .d_ff = d_ff}, {gdn, att}, seed);
 }
 
 }  // namespace
@@ -78,16 +63,16 @@ int main() {
     // One prefill over the whole text.
     auto full_cache = lm.make_cache(1);
     tensor<float> full({T, vocab});
-    lm.forward(be, full_cache, seq_batch::dense(1, T), ids, full.view<2>());
+    lm.forward(be, full_cache, seq_batch::dense(1, T), ids, full);  // a tensor is accepted where a view is expected
 
     // Prefill the prompt, then decode the rest token by token through the same cache type.
     auto cache = lm.make_cache(1);
     tensor<float> last({1, vocab});
-    lm.forward_last(be, cache, seq_batch::dense(1, prompt), std::span(ids).first(prompt), last.view<2>());
+    lm.forward_last(be, cache, seq_batch::dense(1, prompt), std::span(ids).first(prompt), last);
     double max_diff = 0;
     for (std::int64_t t = prompt; t < T; ++t) {
         for (std::int64_t v = 0; v < vocab; ++v) max_diff = std::max(max_diff, double(std::abs(last[v] - full.view<2>()(t - 1, v))));
-        lm.forward_last(be, cache, seq_batch::dense(1, 1), std::span(ids).subspan(t, 1), last.view<2>());
+        lm.forward_last(be, cache, seq_batch::dense(1, 1), std::span(ids).subspan(t, 1), last);
     }
     std::printf("hybrid stack: %lld layers (schedule GGAGGA), d_model %lld, %d threads, SIMD %s\n", (long long)n_layers,
                 (long long)d_model, be.num_threads(), cpu_backend::arch_name());

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "hymix/core/convert.hpp"
 #include "hymix/core/tensor.hpp"
@@ -65,6 +66,40 @@ TEST_CASE("strided views map onto Eigen without copying") {
     CHECK(t[2] == -1);
     tensor_view<const float, 2> cv = cols;
     CHECK(cv.matrix()(1, 1) == t[6 + 3]);
+}
+
+namespace {
+float sum_view(tensor_view<const float, 2> v) {
+    float s = 0;
+    for (std::int64_t i = 0; i < v.dim(0); ++i)
+        for (std::int64_t j = 0; j < v.dim(1); ++j) s += v(i, j);
+    return s;
+}
+void fill_view(tensor_view<float, 2> v, float x) {
+    for (std::int64_t i = 0; i < v.dim(0); ++i)
+        for (std::int64_t j = 0; j < v.dim(1); ++j) v(i, j) = x;
+}
+}  // namespace
+
+TEST_CASE("an owning tensor is accepted where a view of its rank is expected; a wrong rank throws") {
+    tensor<float> t({2, 3});
+    fill_view(t, 2.0f);  // tensor<float>& -> tensor_view<float, 2>
+    CHECK(t[5] == 2.0f);
+    CHECK(sum_view(t) == 12.0f);  // tensor<float>& -> tensor_view<const float, 2>
+    const tensor<float>& ct = t;
+    CHECK(sum_view(ct) == 12.0f);  // const tensor<float>& -> tensor_view<const float, 2>
+    const tensor_view<float, 2> v = t;
+    CHECK(v.data == t.data());
+    CHECK(v.shape == std::array<std::int64_t, 2>{2, 3});
+    CHECK(v.is_contiguous());
+    tensor<float> flat({6});
+    CHECK_THROWS_WITH_AS(fill_view(flat, 1.0f), "view of rank 2 requested for a tensor of shape [6]", shape_error);
+    CHECK_THROWS_AS(sum_view(flat), shape_error);
+    // Only lvalues convert (a view of a temporary would dangle); a const tensor never gives a mutable view.
+    static_assert(!std::is_convertible_v<tensor<float>, tensor_view<const float, 2>>);
+    static_assert(!std::is_convertible_v<const tensor<float>&, tensor_view<float, 2>>);
+    static_assert(std::is_convertible_v<tensor<float>&, tensor_view<float, 3>>);
+    static_assert(!std::is_convertible_v<tensor<double>&, tensor_view<float, 2>>);
 }
 
 TEST_CASE("bf16 conversion: round to nearest even, NaN, Inf, vectorised == scalar") {

@@ -2,6 +2,7 @@
 // text, f16 and sharded checkpoints, and bad checkpoints (unsupported model_type, missing / extra / mis-shaped tensor).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -93,6 +94,15 @@ TEST_CASE("auto_model: model_info of the shared checkpoints") {
     CHECK_THROWS_AS(h.forward(ca, seq_batch::dense(1, 1), std::span(&t, 1), tensor_view<float, 2>(lg.data(), {1, 256})), value_error);
     const std::int32_t bad = 256;
     CHECK_THROWS_AS(a.forward(ca, seq_batch::dense(1, 1), std::span(&bad, 1), tensor_view<float, 2>(lg.data(), {1, 256})), value_error);
+    // An owning tensor is accepted where a view is expected, and one token is std::span(&t, 1).
+    auto cg = g.make_cache(1);
+    tensor<float> last({1, 256}), all({1, 256});
+    g.forward_last(cg, seq_batch::dense(1, 1), std::span(&t, 1), last);
+    g.forward(cg, seq_batch::dense(1, 1), std::span(&t, 1), all);
+    CHECK(std::any_of(last.span().begin(), last.span().end(), [](float x) { return x != 0.0f; }));
+    tensor<float> flat({256});
+    CHECK_THROWS_WITH_AS(g.forward_last(cg, seq_batch::dense(1, 1), std::span(&t, 1), flat),
+                         "view of rank 2 requested for a tensor of shape [256]", shape_error);
 }
 
 TEST_CASE("auto_model: bits/byte on the first 8192 held-out bytes, window 512, is in a sane range") {

@@ -64,6 +64,8 @@ TEST_CASE("run-time lists from config.json are parsed and checked") {
     CHECK(p.find("expected 5 layers, found 6") != std::string::npos);
     const auto a = check_message([&] { any_of<K::gated_deltanet>::check(kinds); });
     CHECK(a.find("layer 2") != std::string::npos);
+    // The lists also come from stacks built in code: no message assumes a checkpoint.
+    for (const auto& msg : {m, e, p, a}) CHECK(msg.find("checkpoint") == std::string::npos);
 
     // Nemotron-H pattern strings.
     const auto nem = kinds_from_pattern("M-M*-");

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "hymix/backend/cpu.hpp"
@@ -275,10 +276,10 @@ TEST_CASE("stack bad inputs") {
     auto build = [&](std::int64_t head_cols, std::int64_t norm_len) {
         stack_weights w;
         w.embedding = tensor<float>({V, D});
-        w.final_norm = tensor<float>({D});
+        w.final_norm = neutral_norm_weight<plain_rms_norm>(D);
         w.lm_head = tensor<float>({V, head_cols});
         std::vector<mamba_stack::layer> layers;
-        layers.emplace_back(tensor<float>({norm_len}), mamba_stack::mixer_variant(mamba2(mc, mamba2_weights::random(mc, 1))));
+        layers.emplace_back(neutral_norm_weight<plain_rms_norm>(norm_len), mamba_stack::mixer_variant(mamba2(mc, mamba2_weights::random(mc, 1))));
         return mamba_stack(stack_config{D, V, 1e-5f, false}, std::move(w), std::move(layers));
     };
     CHECK_THROWS_WITH_AS(build(D + 1, D), doctest::Contains("lm_head: expected shape [37, 32], found [37, 33]"), shape_error);
@@ -292,14 +293,75 @@ TEST_CASE("schedule mismatch at construction names the layer") {
     auto build = [&](int n) {
         stack_weights w;
         w.embedding = tensor<float>({V, D});
-        w.final_norm = tensor<float>({D});
+        w.final_norm = neutral_norm_weight<plain_rms_norm>(D);
         std::vector<two::layer> layers;
         const auto mc = small_mamba_cfg(D);
-        for (int i = 0; i < n; ++i) layers.emplace_back(tensor<float>({D}), two::mixer_variant(mamba2(mc, mamba2_weights::random(mc, 1))));
+        for (int i = 0; i < n; ++i)
+            layers.emplace_back(neutral_norm_weight<plain_rms_norm>(D), two::mixer_variant(mamba2(mc, mamba2_weights::random(mc, 1))));
         return two(sc, std::move(w), std::move(layers));
     };
-    CHECK_THROWS_WITH_AS(build(3), doctest::Contains("expected 2 layers, found 3"), config_error);
+    CHECK_THROWS_WITH_AS(build(3), "layer schedule pattern<\"MM\">: expected 2 layers, found 3", config_error);
     CHECK_NOTHROW(build(2));
+}
+
+TEST_CASE("construction names the layer whose mixer width or norm weight cannot work") {
+    // Layer `bad` gets a mixer of width d_mixer, or a zero norm / MLP norm; everything else is neutral and valid.
+    enum class fault { none, width, norm, sparse_norm, mlp_norm, final_norm };
+    auto build = [&]<class Stack>(std::type_identity<Stack>, std::size_t bad, fault f) {
+        using Norm = typename Stack::norm_type;
+        const auto zero = [] { return tensor<float>({D}); };
+        const auto sparse = [] {
+            tensor<float> t({D});
+            t[5] = 0.5f;
+            return t;
+        };
+        stack_weights w;
+        w.embedding = random_tensor({V, D}, -1.f, 1.f, 3);
+        w.final_norm = f == fault::final_norm ? zero() : neutral_norm_weight<Norm>(D);
+        w.lm_head = random_tensor({V, D}, -1.f, 1.f, 4);
+        std::vector<typename Stack::layer> layers;
+        for (std::size_t l = 0; l < 4; ++l) {
+            auto mc = small_mamba_cfg(D);
+            if (l == bad && f == fault::width) {  // a valid Mamba-2 layer of width 48
+                mc.d_model = D + 16;
+                mc.n_heads = 6;
+            }
+            tensor<float> norm = neutral_norm_weight<Norm>(D);
+            if (l == bad && f == fault::norm) norm = zero();
+            if (l == bad && f == fault::sparse_norm) norm = sparse();
+            typename Stack::layer L{std::move(norm),
+                                    typename Stack::mixer_variant(std::in_place_type<mamba2>, mc, mamba2_weights::random(mc, l))};
+            if constexpr (Stack::mlp_type::present) {
+                L.mlp_norm = l == bad && f == fault::mlp_norm ? zero() : neutral_norm_weight<Norm>(D);
+                L.mlp = swiglu_weights::random(D, 40, 10 + l);
+            }
+            layers.push_back(std::move(L));
+        }
+        return Stack(stack_config{D, V, 1e-5f, false}, std::move(w), std::move(layers));
+    };
+    using plain_mlp_stack = model<every_layer<layer_kind::mamba2>, plain_rms_norm, swiglu_mlp, bind<layer_kind::mamba2, mamba2>>;
+    const std::type_identity<mamba_stack> plain;
+    const std::type_identity<plain_mlp_stack> plain_mlp;
+    const std::type_identity<mamba_mlp_stack> centred;
+
+    // A mixer whose d_model is not the stack's: config_error naming the layer and both widths.
+    CHECK_THROWS_WITH_AS(build(plain, 2, fault::width), "layers.2: the mixer's d_model is 48, the stack's is 32", config_error);
+    CHECK_THROWS_WITH_AS(build(centred, 0, fault::width), "layers.0: the mixer's d_model is 48, the stack's is 32", config_error);
+    // An all-zero weight with plain RMSNorm zeroes everything after it: value_error naming the tensor.
+    CHECK_THROWS_WITH_AS(build(plain, 3, fault::norm), doctest::Contains("layers.3.norm: all-zero weight with plain RMSNorm gives all-zero output"),
+                         value_error);
+    CHECK_THROWS_WITH_AS(build(plain_mlp, 1, fault::mlp_norm), doctest::Contains("layers.1.mlp_norm: all-zero weight with plain RMSNorm"),
+                         value_error);
+    CHECK_THROWS_WITH_AS(build(plain, 0, fault::final_norm), doctest::Contains("final_norm: all-zero weight with plain RMSNorm"), value_error);
+    // Zeros are the neutral weight of zero-centred RMSNorm ((1 + w) ⊙ x / rms(x)): accepted everywhere.
+    CHECK_NOTHROW(build(centred, 3, fault::norm));
+    CHECK_NOTHROW(build(centred, 1, fault::mlp_norm));
+    CHECK_NOTHROW(build(centred, 0, fault::final_norm));
+    CHECK_NOTHROW(build(plain, 0, fault::none));
+    CHECK_NOTHROW(build(plain_mlp, 0, fault::none));
+    // One nonzero element is enough (a trained weight can have zeros).
+    CHECK_NOTHROW(build(plain, 2, fault::sparse_norm));
+    static_assert(neutral_norm_value<plain_rms_norm> == 1.0f && neutral_norm_value<zero_centered_rms_norm> == 0.0f);
 }
 
 TEST_CASE("SwiGLU fast path equals its fp64 reference on odd sizes") {

@@ -49,8 +49,12 @@ inline std::string label(std::string_view what, std::string_view part) {
 }
 }  // namespace detail
 
+template <class T>
+class tensor;
+
 /// Non-owning strided view of a rank-R tensor of T in memory space `Space`. Strides are in elements.
-/// Element access (operator(), matrix()) exists only for host-accessible spaces.
+/// Element access (operator(), matrix()) exists only for host-accessible spaces. An owning host `tensor<T>` converts
+/// implicitly to a view of its matching rank, so a tensor can be passed wherever a view is expected.
 template <class T, std::size_t R, memory_space Space = host_space>
 struct tensor_view {
     using value_type = T;
@@ -70,6 +74,16 @@ struct tensor_view {
     template <class U>
         requires(std::is_same_v<const U, T> && !std::is_same_v<U, T>)
     tensor_view(const tensor_view<U, R, Space>& o) : data(o.data), shape(o.shape), strides(o.strides) {}
+    /// A view of a whole owning tensor (host memory), so that a `tensor<float>` can be passed where a
+    /// `tensor_view<float, R>` or `tensor_view<const float, R>` is expected. Throws shape_error when the tensor's rank
+    /// is not R. Only from an lvalue: a view of a temporary tensor would dangle.
+    tensor_view(tensor<std::remove_const_t<T>>& t)  // NOLINT: implicit by design
+        requires std::is_same_v<Space, host_space>
+        : tensor_view(t.template view<R>()) {}
+    tensor_view(const tensor<std::remove_const_t<T>>& t)  // NOLINT: implicit by design
+        requires(std::is_same_v<Space, host_space> && std::is_const_v<T>)
+        : tensor_view(t.template view<R>()) {}
+    tensor_view(tensor<std::remove_const_t<T>>&&) = delete;
 
     static index_array contiguous_strides(const index_array& s) {
         index_array st{};

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,23 @@ struct swiglu_weights {
         need(gate_proj, f, d_model, "gate_proj");
         need(up_proj, f, d_model, "up_proj");
         need(down_proj, d_model, f, "down_proj");
+    }
+    /// Random weights with the Hugging Face initialisation of Llama-style MLPs (Qwen3.5's `initializer_range`):
+    /// gate_proj, up_proj [d_ff, d_model] and down_proj [d_model, d_ff], every element N(0, 0.02). Throws
+    /// config_error on a non-positive size.
+    static swiglu_weights random(std::int64_t d_model, std::int64_t d_ff, std::uint64_t seed) {
+        if (d_model <= 0 || d_ff <= 0)
+            throw config_error("swiglu_weights::random: d_model and d_ff must be positive, found " + std::to_string(d_model) +
+                               " and " + std::to_string(d_ff));
+        std::mt19937_64 gen(seed);
+        std::normal_distribution<float> n(0.0f, 0.02f);
+        swiglu_weights w;
+        w.gate_proj = tensor<float>({d_ff, d_model});
+        w.up_proj = tensor<float>({d_ff, d_model});
+        w.down_proj = tensor<float>({d_model, d_ff});
+        for (auto* t : {&w.gate_proj, &w.up_proj, &w.down_proj})
+            for (auto& x : t->span()) x = n(gen);
+        return w;
     }
     /// Builds gate_up from gate_proj and up_proj.
     void prepare() {

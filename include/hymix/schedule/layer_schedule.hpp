@@ -36,9 +36,8 @@ constexpr layer_kind parse_pattern_char(char c, std::size_t index) {
 
 [[noreturn]] inline void schedule_mismatch(std::string_view schedule, std::size_t layer, layer_kind expected,
                                            layer_kind found) {
-    throw config_error("layer schedule " + std::string(schedule) + ": layer " + std::to_string(layer) +
-                       " of the checkpoint config is '" + layer_kind_name(found) + "', expected '" +
-                       layer_kind_name(expected) + "'");
+    throw config_error("layer schedule " + std::string(schedule) + ": layer " + std::to_string(layer) + " is '" +
+                       layer_kind_name(found) + "', expected '" + layer_kind_name(expected) + "'");
 }
 
 }  // namespace detail
@@ -53,8 +52,10 @@ struct fixed_string {
 };
 
 /// A layer schedule is a type that says which layer kinds it allows (`allows`, a constexpr predicate), how many
-/// layers it fixes (`layer_count`, -1 for any number), and checks a run-time per-layer list from a checkpoint
-/// config (`check`, config_error naming the first mismatching layer, the expected and the found kind).
+/// layers it fixes (`layer_count`, -1 for any number), and checks a run-time per-layer list (`check`, config_error
+/// naming the first mismatching layer, the expected and the found kind). The list comes from a checkpoint's
+/// config.json (the loaders prefix the error with its path) or from the layers of a stack built in code (the model's
+/// constructor), so the messages name neither.
 template <class S>
 concept layer_schedule = requires(layer_kind k, std::span<const layer_kind> kinds) {
     { S::allows(k) } -> std::same_as<bool>;
@@ -76,7 +77,7 @@ template <class S>
 void check_static(std::span<const layer_kind> kinds) {
     if (S::layer_count >= 0 && static_cast<std::int64_t>(kinds.size()) != S::layer_count)
         throw config_error("layer schedule " + S::name() + ": expected " + std::to_string(S::layer_count) +
-                           " layers, found " + std::to_string(kinds.size()) + " in the checkpoint config");
+                           " layers, found " + std::to_string(kinds.size()));
     for (std::size_t i = 0; i < kinds.size(); ++i) {
         const layer_kind e = S::kind_at(static_cast<std::int64_t>(i));
         if (kinds[i] != e) schedule_mismatch(S::name(), i, e, kinds[i]);
@@ -174,9 +175,8 @@ struct any_of {
     static void check(std::span<const layer_kind> kinds) {
         for (std::size_t i = 0; i < kinds.size(); ++i)
             if (!allows(kinds[i]))
-                throw config_error("layer schedule " + name() + ": layer " + std::to_string(i) +
-                                   " of the checkpoint config is '" + layer_kind_name(kinds[i]) +
-                                   "', which this schedule does not allow");
+                throw config_error("layer schedule " + name() + ": layer " + std::to_string(i) + " is '" +
+                                   layer_kind_name(kinds[i]) + "', which this schedule does not allow");
     }
 };
 

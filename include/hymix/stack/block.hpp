@@ -41,6 +41,34 @@ concept norm_policy = requires {
     { N::flavor } -> std::convertible_to<kernels::rms_flavor>;
 };
 
+/// The value of a norm weight that leaves x / rms(x) unchanged: 1 for plain RMSNorm, 0 for zero-centred RMSNorm.
+template <norm_policy Norm>
+inline constexpr float neutral_norm_value = Norm::flavor == kernels::rms_flavor::plain ? 1.0f : 0.0f;
+
+/// A norm weight [d] filled with the neutral value of `Norm` (ones for plain_rms_norm, zeros for
+/// zero_centered_rms_norm): the norm then only divides by rms(x).
+template <norm_policy Norm>
+tensor<float> neutral_norm_weight(std::int64_t d) {
+    tensor<float> w({d});
+    w.fill(neutral_norm_value<Norm>);
+    return w;
+}
+
+namespace detail {
+/// Throws value_error naming `what` when a plain RMSNorm weight is all zero: the norm's output, and so everything
+/// downstream of it, would be zero (a zero-filled tensor<float> is the likely cause; the neutral weight is all ones).
+/// Zero-centred weights are 1 + w, so zeros are their neutral value and are accepted.
+template <norm_policy Norm>
+void require_nonzero_norm(const tensor<float>& w, const std::string& what) {
+    if constexpr (Norm::flavor == kernels::rms_flavor::plain) {
+        const auto s = w.span();
+        if (!s.empty() && std::all_of(s.begin(), s.end(), [](float v) { return v == 0.0f; }))
+            throw value_error(what + ": all-zero weight with plain RMSNorm gives all-zero output (the neutral plain "
+                                     "RMSNorm weight is all ones; zeros are neutral only for zero_centered_rms_norm)");
+    }
+}
+}  // namespace detail
+
 // ---- MLP policies -----------------------------------------------------------------------------------------
 
 /// No MLP sub-block (HF Mamba-2 layers are mixer-only).

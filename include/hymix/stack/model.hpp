@@ -152,9 +152,9 @@ public:
         layer_kind kind() const { return bound_kinds[mixer.index()]; }
     };
 
-    /// Validates the sizes, every tensor's shape (shape_error naming it: "layers.3.norm", "embedding", ...), each
-    /// mixer's width against d_model (config_error naming the layer) and the per-layer kinds against the schedule
-    /// (config_error naming the first mismatching layer).
+    /// Validates the sizes, every tensor's shape (shape_error naming it: "layers.3.norm", "embedding", ...), that no
+    /// plain RMSNorm weight is all zero (value_error naming it), each mixer's width against d_model (config_error
+    /// naming the layer) and the per-layer kinds against the schedule (config_error naming the first mismatching layer).
     model(stack_config cfg, stack_weights w, std::vector<layer> layers) : cfg_(cfg), w_(std::move(w)) {
         blocks_.reserve(layers.size());
         for (std::size_t i = 0; i < layers.size(); ++i) blocks_.push_back(to_block(std::move(layers[i]), i));
@@ -298,6 +298,7 @@ private:
             throw config_error("stack_weights: final_norm_eps must be >= 0 and finite (0 = the stack's norm_eps), found " +
                                std::to_string(w_.final_norm_eps));
         if (!cfg_.tie_embeddings) detail::require_matrix(w_.lm_head, V, d, "lm_head");
+        detail::require_nonzero_norm<Norm>(w_.final_norm, "final_norm");
         if (blocks_.empty()) throw config_error("model: a stack needs at least one layer");
         std::vector<layer_kind> kinds;
         for (std::size_t i = 0; i < blocks_.size(); ++i) {

@@ -98,11 +98,14 @@ public:
     }
     state_type make_state(std::int64_t n_slots) const { return mixer_.make_state(n_slots); }
 
-    /// Checks the weights' shapes against d_model (shape_error naming "<where>.norm" etc.) and prepares the MLP.
+    /// Checks the weights' shapes against d_model (shape_error naming "<where>.norm" etc.), rejects an all-zero plain
+    /// RMSNorm weight (value_error), checks the mixer's d_model (config_error naming the layer) and prepares the MLP.
     void validate(std::int64_t d, const std::string& where) {
         require(norm_, d, where + ".norm");
+        detail::require_nonzero_norm<Norm>(norm_, where + ".norm");
         if constexpr (Mlp::present) {
             require(mlp_norm_, d, where + ".mlp_norm");
+            detail::require_nonzero_norm<Norm>(mlp_norm_, where + ".mlp_norm");
             mlp_.validate(d, where + ".mlp");
             mlp_.prepare();
         }

@@ -1,0 +1,176 @@
+// random_stack: one call gives a whole model with the schedule's layers, each mixer's own random initialisation,
+// N(0, 0.02) embedding / MLPs and neutral norm weights; reproducible from the seed; missing sizes are config errors.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "hymix/backend/cpu.hpp"
+#include "hymix/mixer/attention.hpp"
+#include "hymix/mixer/gated_deltanet.hpp"
+#include "hymix/mixer/mamba2.hpp"
+#include "hymix/stack/model.hpp"
+#include "hymix/stack/random_stack.hpp"
+
+using namespace hymix;
+
+namespace {
+
+constexpr std::int64_t D = 64, V = 50;
+
+using hybrid = model<interval_rule<3>, zero_centered_rms_norm, swiglu_mlp, bind<layer_kind::gated_deltanet, gated_deltanet>,
+                     bind<layer_kind::attention, attention>>;
+using mamba_pair = model<pattern<"MM">, plain_rms_norm, no_mlp, bind<layer_kind::mamba2, mamba2>>;
+using run_time = model<any_of<layer_kind::mamba2, layer_kind::attention>, plain_rms_norm, no_mlp, bind<layer_kind::mamba2, mamba2>,
+                       bind<layer_kind::attention, attention>>;
+
+gated_deltanet_config gdn_cfg(std::int64_t d = D) {
+    gated_deltanet_config c;
+    c.d_model = d;
+    c.n_k_heads = 2;
+    c.n_v_heads = 4;
+    c.d_k = 16;
+    c.d_v = 16;
+    c.chunk_size = 8;
+    return c;
+}
+attention_config attn_cfg() {
+    attention_config c;
+    c.d_model = D;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.head_dim = 16;
+    return c;
+}
+mamba2_config mamba_cfg() {
+    mamba2_config c;
+    c.d_model = D;
+    c.n_heads = 8;
+    c.head_dim = 16;
+    c.d_state = 16;
+    c.n_groups = 1;
+    c.chunk_size = 8;
+    return c;
+}
+
+stack_config sizes(bool tied) { return stack_config{.d_model = D, .vocab_size = V, .norm_eps = 1e-6f, .tie_embeddings = tied}; }
+
+template <class Stack>
+std::vector<float> logits_of(const Stack& m, std::span<const std::int32_t> ids) {
+    const cpu_backend be(1);
+    auto c = m.make_cache(1);
+    const auto T = static_cast<std::int64_t>(ids.size());
+    tensor<float> lg({T, V});
+    m.forward(be, c, seq_batch::dense(1, T), ids, lg);  // a tensor where a view is expected
+    return {lg.data(), lg.data() + lg.numel()};
+}
+
+bool all_equal(const tensor<float>& t, float v) {
+    const auto s = t.span();
+    return std::all_of(s.begin(), s.end(), [v](float x) { return x == v; });
+}
+
+double stddev(const tensor<float>& t) {
+    double s = 0, s2 = 0;
+    for (float x : t.span()) {
+        s += x;
+        s2 += double(x) * x;
+    }
+    const double n = static_cast<double>(t.numel());
+    return std::sqrt(s2 / n - (s / n) * (s / n));
+}
+
+const std::vector<std::int32_t> ids{3, 17, 42, 0, 49, 8, 8, 21, 30, 11, 5};
+
+}  // namespace
+
+TEST_CASE("random_stack: the schedule's layers, neutral norms, N(0, 0.02) embedding and MLPs, usable logits") {
+    const auto m = random_stack<hybrid>(sizes(false), {.n_layers = 6, .d_ff = 96}, {gdn_cfg(), attn_cfg()}, 7);
+    REQUIRE(m.n_layers() == 6);
+    std::string kinds;
+    for (auto k : m.layer_kinds()) kinds += k.code;
+    CHECK(kinds == "GGAGGA");
+    // Zero-centred RMSNorm: zeros are neutral; the final norm too.
+    CHECK(all_equal(m.weights().final_norm, 0.0f));
+    for (std::int64_t l = 0; l < m.n_layers(); ++l)
+        std::visit([&](const auto& blk) {
+            CHECK(all_equal(blk.norm(), 0.0f));
+            CHECK(all_equal(blk.mlp_norm(), 0.0f));
+            CHECK(blk.mlp().d_ff() == 96);
+            CHECK(stddev(blk.mlp().down_proj) == doctest::Approx(0.02).epsilon(0.05));
+        }, m.layer_at(l));
+    CHECK(stddev(m.weights().embedding) == doctest::Approx(0.02).epsilon(0.05));
+    CHECK(stddev(m.weights().lm_head) == doctest::Approx(0.02).epsilon(0.05));
+    // The mixers got their own random initialisation (the attention layer's is not the GDN layer's).
+    const auto& att = std::get<1>(m.layer_at(2)).mixer();
+    CHECK(att.weights().q_proj.numel() == 4 * 16 * D);
+    CHECK(att.weights().q_proj.span()[0] != 0.0f);
+    // A mixer's forward takes tensors where it takes views, too.
+    {
+        const cpu_backend be(1);
+        auto st = att.make_state(1);
+        tensor<float> x({3, D}), y({3, D});
+        x.fill(0.5f);
+        att.forward(be, st, seq_batch::dense(1, 3), x, y);
+        CHECK(std::any_of(y.span().begin(), y.span().end(), [](float v) { return v != 0.0f; }));
+    }
+
+    // Logits: finite, not constant, of the size the initialisation implies (|h| ~ sqrt(d), head rows N(0, 0.02)),
+    // and different for different tokens.
+    const auto lg = logits_of(m, ids);
+    REQUIRE(std::all_of(lg.begin(), lg.end(), [](float x) { return std::isfinite(x); }));
+    double s2 = 0;
+    for (float x : lg) s2 += double(x) * x;
+    const double rms = std::sqrt(s2 / static_cast<double>(lg.size()));
+    CHECK(rms > 0.02);
+    CHECK(rms < 2.0);
+    CHECK(!std::equal(lg.begin(), lg.begin() + V, lg.begin() + V));
+}
+
+TEST_CASE("random_stack: reproducible from the seed, different across seeds; plain norms are ones; tied head") {
+    const auto a = random_stack<mamba_pair>(sizes(true), {}, {mamba_cfg()}, 11);  // pattern<"MM"> fixes the count
+    const auto b = random_stack<mamba_pair>(sizes(true), {}, {mamba_cfg()}, 11);
+    const auto c = random_stack<mamba_pair>(sizes(true), {}, {mamba_cfg()}, 12);
+    CHECK(a.n_layers() == 2);
+    CHECK(all_equal(a.weights().final_norm, 1.0f));
+    CHECK(all_equal(std::get<0>(a.layer_at(1)).norm(), 1.0f));
+    CHECK(a.weights().lm_head.rank() == 0);  // tied: no separate head
+    // Layers draw from different streams.
+    CHECK(std::get<0>(a.layer_at(0)).mixer().weights().in_proj.span()[0] !=
+          std::get<0>(a.layer_at(1)).mixer().weights().in_proj.span()[0]);
+    const auto la = logits_of(a, ids), lb = logits_of(b, ids), lc = logits_of(c, ids);
+    CHECK(la == lb);
+    CHECK(la != lc);
+}
+
+TEST_CASE("random_stack: per-layer kinds for run-time schedules; missing sizes and wrong configs are config errors") {
+    const auto r = random_stack<run_time>(sizes(false), {.kinds = {layer_kind::attention, layer_kind::mamba2, layer_kind::mamba2}},
+                                          {mamba_cfg(), attn_cfg()}, 3);
+    CHECK(r.layer_kinds() == std::vector<layer_kind>{layer_kind::attention, layer_kind::mamba2, layer_kind::mamba2});
+    CHECK(std::isfinite(logits_of(r, ids).back()));
+
+    CHECK_THROWS_WITH_AS(random_stack<run_time>(sizes(false), {.n_layers = 3}, {mamba_cfg(), attn_cfg()}, 3),
+                         doctest::Contains("is decided at run time; give every layer's kind in layer_plan.kinds"), config_error);
+    CHECK_THROWS_WITH_AS(random_stack<hybrid>(sizes(false), {.d_ff = 96}, {gdn_cfg(), attn_cfg()}, 3),
+                         doctest::Contains("interval_rule<3, gated_deltanet> does not fix the number of layers; set layer_plan.n_layers"),
+                         config_error);
+    CHECK_THROWS_WITH_AS(random_stack<hybrid>(sizes(false), {.n_layers = 3}, {gdn_cfg(), attn_cfg()}, 3),
+                         doctest::Contains("layer_plan.d_ff must be positive, found 0"), config_error);
+    CHECK_THROWS_WITH_AS(random_stack<mamba_pair>(sizes(false), {.n_layers = 3}, {mamba_cfg()}, 3),
+                         doctest::Contains("expected 2 layers, asked for 3"), config_error);
+    CHECK_THROWS_WITH_AS(random_stack<run_time>(sizes(false), {.n_layers = 2, .kinds = {layer_kind::mamba2}}, {mamba_cfg(), attn_cfg()}, 3),
+                         doctest::Contains("layer_plan.n_layers is 2 but layer_plan.kinds has 1 entries"), config_error);
+    // Kinds given for a static schedule are checked against it, without mentioning a checkpoint.
+    CHECK_THROWS_WITH_AS(random_stack<hybrid>(sizes(false), {.d_ff = 96, .kinds = {layer_kind::gated_deltanet, layer_kind::attention}},
+                                              {gdn_cfg(), attn_cfg()}, 3),
+                         "layer schedule interval_rule<3, gated_deltanet>: layer 1 is 'attention', expected 'gated_deltanet'", config_error);
+    CHECK_THROWS_WITH_AS(random_stack<run_time>(sizes(false), {.kinds = {layer_kind::gated_deltanet}}, {mamba_cfg(), attn_cfg()}, 3),
+                         doctest::Contains("layer 0 is 'gated_deltanet', a kind the stack binds to no block or mixer"), config_error);
+    // A mixer config of another width: the model names the first layer that uses it.
+    CHECK_THROWS_WITH_AS(random_stack<hybrid>(sizes(false), {.n_layers = 3, .d_ff = 96}, {gdn_cfg(96), attn_cfg()}, 3),
+                         "layers.0: the mixer's d_model is 96, the stack's is 64", config_error);
+}

@@ -38,6 +38,8 @@ struct entropy_ema_config {
     entropy_form form = entropy_form::stable;
     std::int64_t vocab_tile = 4096;  ///< head rows per tile of the streaming entropy
     std::int64_t row_tile = 64;      ///< input rows per tile
+    bool always_on = false;          ///< every token fires (no entropy is computed, the statistics never move):
+                                     ///< the always-on comparison with the same parameters, selectable from a file
 
     void validate() const {
         if (!(momentum >= 0 && momentum < 1)) throw config_error("entropy_ema: momentum must lie in [0, 1), found " + std::to_string(momentum));
@@ -173,14 +175,17 @@ public:
     /// Inference (frozen statistics): entropies of h's rows under the context's LM head, left in ctx.ws.score.
     template <class Ctx>
     void decide(const Ctx& ctx, tensor_view<const float, 2> h, std::span<unsigned char> fire) const {
+        if (cfg_.always_on) return std::fill(fire.begin(), fire.end(), static_cast<unsigned char>(1));
         auto& H = ctx.ws.score;
         H.assign(static_cast<std::size_t>(h.dim(0)), 0.0f);
         head_entropy(ctx.be, h, ctx.head, std::span<float>(H), cfg_.form, cfg_.vocab_tile, cfg_.row_tile);
         fire_from(H, fire);
+        ctx.ws.score_threshold = threshold();
     }
     /// Training: the EMA step over the live rows' entropies, then the decision with the updated τ.
     template <class Ctx>
     void decide_train(const Ctx& ctx, tensor_view<const float, 2> h, std::span<unsigned char> fire) {
+        if (cfg_.always_on) return std::fill(fire.begin(), fire.end(), static_cast<unsigned char>(1));
         auto& H = ctx.ws.score;
         H.assign(static_cast<std::size_t>(h.dim(0)), 0.0f);
         head_entropy(ctx.be, h, ctx.head, std::span<float>(H), cfg_.form, cfg_.vocab_tile, cfg_.row_tile);
@@ -190,6 +195,7 @@ public:
             if (live[r]) live_h.push_back(H[r]);
         observe(live_h);
         fire_from(H, fire);
+        ctx.ws.score_threshold = threshold();
     }
 
 private:

@@ -46,7 +46,7 @@ void scale_columns_backward_impl(const Backend& be, int threads, tensor_view<con
     // dscale: fixed row blocks, per-block partials summed in block order (deterministic for a thread count).
     const std::int64_t nb = std::max<std::int64_t>(1, std::min<std::int64_t>(threads, n));
     std::vector<Acc> part(static_cast<std::size_t>(nb * d), Acc(0));
-    be.parallel_for(0, nb, [&](std::int64_t b0, std::int64_t b1) {
+    be.parallel_for(nb, 1, [&](std::int64_t b0, std::int64_t b1) {
         for (std::int64_t b = b0; b < b1; ++b) {
             const std::int64_t r0 = n * b / nb, r1 = n * (b + 1) / nb;
             Acc* p = part.data() + b * d;
@@ -71,7 +71,7 @@ struct op_impl<ops::scale_columns_op, basic_cpu_backend<Arch>> {
     static void run(const basic_cpu_backend<Arch>& be, tensor_view<float, 2> y, const float* scale, std::span<const unsigned char> mask) {
         const std::int64_t n = y.dim(0), d = y.dim(1);
         detail::scale_columns_check(n, y.strides[1], mask.size());
-        be.parallel_for(0, n, [&](std::int64_t r0, std::int64_t r1) {
+        be.parallel_for(n, 64, [&](std::int64_t r0, std::int64_t r1) {
             for (std::int64_t r = r0; r < r1; ++r)
                 if (mask.empty() || mask[static_cast<std::size_t>(r)])
                     for (std::int64_t c = 0; c < d; ++c) y(r, c) *= scale[c];

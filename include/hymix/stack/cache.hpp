@@ -41,6 +41,7 @@ struct block_stats {
     std::int64_t rows = 0;
     std::int64_t fired = 0;
     std::vector<float> score;  // [n_rows] or empty
+    float threshold = 0.0f;    // the gate's threshold on the score (AMOR's τ), when it has one
 
     double fire_rate() const noexcept { return rows > 0 ? static_cast<double>(fired) / static_cast<double>(rows) : 0.0; }
 };
@@ -56,6 +57,7 @@ struct stack_workspace {
     detail::scratch lastn; // [n_seq, d]    their final norm
     std::vector<unsigned char> fire;    // [n_rows] a gated block's fire mask
     std::vector<float> score;           // [n_rows] a gate's per-row score (AMOR: normalised entropy), or empty
+    float score_threshold = 0.0f;       // the gate's threshold on that score (AMOR: τ)
     std::vector<std::int64_t> rows;     // [n_seq]  last-token row of each sequence (forward_last)
 
     /// Total floats held (to show the workspace does not grow between decode steps of one batch size).

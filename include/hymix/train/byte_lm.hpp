@@ -12,6 +12,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -19,6 +20,7 @@
 #include "hymix/core/convert.hpp"
 #include "hymix/core/dtype.hpp"
 #include "hymix/core/error.hpp"
+#include "hymix/io/json.hpp"
 #include "hymix/io/safetensors_writer.hpp"
 #include "hymix/models/hf_mamba2.hpp"
 #include "hymix/models/hf_qwen3_5.hpp"
@@ -26,7 +28,8 @@
 
 namespace hymix::train {
 
-/// The config.json of `s` in its family's Hugging Face form.
+/// The config.json of `s` in its family's Hugging Face form (an infinite bound is written {"__float__": "Infinity"},
+/// as transformers writes it; read it back with io::parse_json).
 inline nlohmann::json hf_config(const byte_lm_spec& s) {
     s.validate();
     nlohmann::json j;
@@ -165,7 +168,7 @@ inline tensor<float> filled(std::int64_t n, float v) {
 
 /// A freshly initialised Mamba-2 byte LM for `s` (s.stack == "mamba2"), configured from hf_config(s).
 inline models::hf_mamba2_stack random_mamba2_lm(const byte_lm_spec& s, std::uint64_t seed) {
-    const auto c = models::read_hf_mamba2_config(hf_config(s), "byte_lm_spec");
+    const auto c = models::read_hf_mamba2_config(io::parse_json(hf_config(s).dump(), "byte_lm_spec"), "byte_lm_spec");
     std::mt19937_64 g(seed);
     stack_weights w;
     w.embedding = detail::normal_tensor({c.stack.vocab_size, c.stack.d_model}, 0.02, g);
@@ -180,7 +183,7 @@ inline models::hf_mamba2_stack random_mamba2_lm(const byte_lm_spec& s, std::uint
 /// A freshly initialised Qwen3.5-layout byte LM (gdn, attention or hybrid) as `Stack`.
 template <class Stack = models::qwen3_5_hybrid_stack>
 Stack random_qwen3_5_lm(const byte_lm_spec& s, std::uint64_t seed) {
-    const auto c = models::read_hf_qwen3_5_config(hf_config(s), "byte_lm_spec");
+    const auto c = models::read_hf_qwen3_5_config(io::parse_json(hf_config(s).dump(), "byte_lm_spec"), "byte_lm_spec");
     std::mt19937_64 g(seed);
     const std::int64_t d = c.stack.d_model, V = c.stack.vocab_size;
     stack_weights w;
@@ -196,7 +199,7 @@ Stack random_qwen3_5_lm(const byte_lm_spec& s, std::uint64_t seed) {
         mlp.down_proj = detail::normal_tensor({d, c.d_ff}, 0.02, g);
         typename Stack::mixer_variant mixer = [&]() -> typename Stack::mixer_variant {
             if (c.kinds[static_cast<std::size_t>(l)] == layer_kind::attention) {
-                if constexpr (requires { typename Stack::mixer_variant(attention(c.attn, attention_weights::random(c.attn, ls))); })
+                if constexpr (std::is_constructible_v<typename Stack::mixer_variant, attention>)
                     return attention(c.attn, attention_weights::random(c.attn, ls));
                 else
                     throw config_error("random_qwen3_5_lm: this stack type has no attention layers");

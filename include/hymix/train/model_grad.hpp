@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -31,11 +32,23 @@
 namespace hymix::train {
 
 namespace detail {
+/// A block that can train: it has a training cache and its mixer one (blocks whose mixer cannot train may still
+/// run as a frozen prefix).
+template <class Blk>
+concept trainable_block = requires { typename Blk::mixer_type::train_cache; };
+template <class Blk>
+struct train_cache_or_none {
+    using type = std::monostate;
+};
+template <trainable_block Blk>
+struct train_cache_or_none<Blk> {
+    using type = typename Blk::train_cache;
+};
 template <class V>
 struct train_caches_of;
 template <class... Bs>
 struct train_caches_of<std::variant<Bs...>> {
-    using type = std::variant<typename Bs::train_cache...>;
+    using type = std::variant<typename train_cache_or_none<Bs>::type...>;
 };
 /// f(integral_constant<I>, std::get<I>(v)) for the active alternative (index-based: equal types stay distinct).
 template <std::size_t I = 0, class V, class F>
@@ -122,7 +135,9 @@ batch_loss loss_and_grad(const B& be, Model& m, Model& g, activations<Model>& a,
                           " targets for a batch of " + std::to_string(n) + " rows");
     if (a.frozen_prefix < 0 || a.frozen_prefix > L)
         throw value_error("loss_and_grad: frozen_prefix " + std::to_string(a.frozen_prefix) + " outside [0, " + std::to_string(L) + "]");
-    const validated_batch vb(batch, std::max<std::int64_t>(batch.n_seq(), 1));
+    std::int64_t n_slots = 1;
+    for (const auto sl : batch.slots) n_slots = std::max<std::int64_t>(n_slots, sl + 1);
+    const validated_batch vb(batch, n_slots);
     const auto live = vb.live();
     std::vector<std::int32_t> tgt(targets.begin(), targets.end());
     for (std::int64_t r = 0; r < n; ++r) {
@@ -153,12 +168,17 @@ batch_loss loss_and_grad(const B& be, Model& m, Model& g, activations<Model>& a,
         ctx.layer = l;
         detail::visit_at(m.layer_at(l), [&](auto I, auto& blk) {
             constexpr std::size_t i = decltype(I)::value;
+            using Blk = std::remove_cvref_t<decltype(blk)>;
             if (l < a.frozen_prefix) {
-                std::variant_alternative_t<i, typename activations<Model>::cache_variant> tmp;
-                blk.forward_train(ctx, x, tmp);  // dropped right away: nothing is kept for backward
-            } else {
+                // Frozen: the inference forward from fresh states; nothing is kept for backward.
+                auto st = blk.make_state(n_slots);
+                std::as_const(blk).forward(ctx, st, x);
+            } else if constexpr (detail::trainable_block<Blk>) {
                 a.layers.emplace_back(std::in_place_index<i>);
                 blk.forward_train(ctx, x, std::get<i>(a.layers.back()));
+            } else {
+                throw config_error("loss_and_grad: layer " + std::to_string(l) + " cannot be trained (its mixer has no backward); "
+                                   "freeze it (frozen_prefix)");
             }
         });
     }
@@ -194,8 +214,10 @@ batch_loss loss_and_grad(const B& be, Model& m, Model& g, activations<Model>& a,
         auto& cache = a.layers[static_cast<std::size_t>(l - a.frozen_prefix)];
         detail::visit_at(m.layer_at(l), [&](auto I, const auto& blk) {
             constexpr std::size_t i = decltype(I)::value;
-            auto& gb = std::get<i>(g.layer_at(l));
-            blk.backward(ctx, std::get<i>(cache), dx, gb);
+            if constexpr (detail::trainable_block<std::remove_cvref_t<decltype(blk)>>) {
+                auto& gb = std::get<i>(g.layer_at(l));
+                blk.backward(ctx, std::get<i>(cache), dx, gb);
+            }
         });
     }
     if (a.frozen_prefix == 0)

@@ -288,3 +288,23 @@ TEST_CASE("cross_entropy: errors name the argument") {
                              value_error);
     });
 }
+
+TEST_CASE("cross_entropy on the reference backend equals cross_entropy_ref on fp64 copies") {
+    const std::int64_t M = 6, V = 37, d = 5;
+    const auto hf = test::uniform(std::size_t(M * d), -1.f, 1.f, 61), wf = test::uniform(std::size_t(V * d), -1.f, 1.f, 62);
+    const auto targets = random_targets(M, V, 63);
+    std::vector<float> loss(static_cast<std::size_t>(M)), ent(static_cast<std::size_t>(M)), dh(hf.size()), dhead(wf.size(), 0.5f);
+    ops::cross_entropy(reference_backend(), tensor_view<const float, 2>(hf.data(), {M, d}), tensor_view<const float, 2>(wf.data(), {V, d}), targets,
+                       loss, tensor_view<float, 2>(dh.data(), {M, d}), tensor_view<float, 2>(dhead.data(), {V, d}), 0.3f, ent.data());
+    const std::vector<double> h(hf.begin(), hf.end()), head(wf.begin(), wf.end());
+    std::vector<double> l(static_cast<std::size_t>(M)), e(static_cast<std::size_t>(M)), gh(h.size()), ghead(head.size(), 0.5);
+    kernels::cross_entropy_ref<double>(tensor_view<const double, 2>(h.data(), {M, d}), tensor_view<const double, 2>(head.data(), {V, d}), targets,
+                                       l.data(), tensor_view<double, 2>(gh.data(), {M, d}), tensor_view<double, 2>(ghead.data(), {V, d}),
+                                       double(0.3f), e.data());
+    for (std::size_t i = 0; i < loss.size(); ++i) {
+        CHECK(loss[i] == static_cast<float>(l[i]));
+        CHECK(ent[i] == static_cast<float>(e[i]));
+    }
+    for (std::size_t i = 0; i < dh.size(); ++i) CHECK(dh[i] == static_cast<float>(gh[i]));
+    for (std::size_t i = 0; i < dhead.size(); ++i) CHECK(dhead[i] == static_cast<float>(ghead[i]));
+}

@@ -287,7 +287,7 @@ TEST_CASE("conv1d backward: CPU fp32 (1 and 2 threads) equals the fp64 reference
         kernels::conv_l2_groups l2;
     };
     for (const cfg& c : {cfg{203, 4, {}}, cfg{203, 4, {32, 160, 1e-6}}, cfg{150, 2, {48, -1, 1e-6}}, cfg{37, 3, {5, 23, 1e-6}},
-                         cfg{1, 1, {}}})
+                         cfg{150, 2, {}}, cfg{37, 3, {}}, cfg{21, 6, {}}, cfg{1, 1, {}}})
         for (act_t act : {act_t::none, act_t::silu}) {
             CAPTURE(c.C);
             CAPTURE(c.K);

@@ -139,11 +139,11 @@ TEST_CASE("cross_entropy CPU (1, 2 threads) matches the reference backend; sever
                         if (targets[std::size_t(m)] < 0)
                             for (std::int64_t k = 0; k < d; ++k) CHECK(one.dh[std::size_t(m * (d + pad) + k)] == 0.f);
                     }
-                    // losses, entropy and dhead do not depend on the thread count; dh does not change between runs
+                    // losses and entropy do not depend on the thread count; gradients do not change between runs
                     CHECK(one.losses == two.losses);
                     CHECK(one.entropy == two.entropy);
-                    CHECK(one.dhead == two.dhead);
                     CHECK(two.dh == two_again.dh);
+                    CHECK(two.dhead == two_again.dhead);
                 }
 }
 
@@ -158,6 +158,7 @@ TEST_CASE("cross_entropy: every output is optional and the paths agree") {
     CHECK(loss_only.losses == full.losses);
     CHECK(loss_only.entropy == std::vector<float>(std::size_t(M), -5.f));  // not written
     CHECK(dh_only.dh == full.dh);  // one thread: the same tile order with or without dhead
+    CHECK(run_ce(be2, M, V, d, 0, targets, 6, true, false, true).dh == dh_only.dh);  // dh alone: any thread count
     CHECK(dhead_only.dhead == full.dhead);
     CHECK(dhead_only.dh == std::vector<float>(std::size_t(M * d), -9.f));
     CHECK(dh_only.dhead == loss_only.dhead);  // untouched (the initial values)
@@ -286,4 +287,24 @@ TEST_CASE("cross_entropy: errors name the argument") {
         CHECK_THROWS_WITH_AS(ops::cross_entropy(be, hv, headv, targets, loss, dhv, dheadv, std::nanf("")), doctest::Contains("grad_scale"),
                              value_error);
     });
+}
+
+TEST_CASE("cross_entropy on the reference backend equals cross_entropy_ref on fp64 copies") {
+    const std::int64_t M = 6, V = 37, d = 5;
+    const auto hf = test::uniform(std::size_t(M * d), -1.f, 1.f, 61), wf = test::uniform(std::size_t(V * d), -1.f, 1.f, 62);
+    const auto targets = random_targets(M, V, 63);
+    std::vector<float> loss(static_cast<std::size_t>(M)), ent(static_cast<std::size_t>(M)), dh(hf.size()), dhead(wf.size(), 0.5f);
+    ops::cross_entropy(reference_backend(), tensor_view<const float, 2>(hf.data(), {M, d}), tensor_view<const float, 2>(wf.data(), {V, d}), targets,
+                       loss, tensor_view<float, 2>(dh.data(), {M, d}), tensor_view<float, 2>(dhead.data(), {V, d}), 0.3f, ent.data());
+    const std::vector<double> h(hf.begin(), hf.end()), head(wf.begin(), wf.end());
+    std::vector<double> l(static_cast<std::size_t>(M)), e(static_cast<std::size_t>(M)), gh(h.size()), ghead(head.size(), 0.5);
+    kernels::cross_entropy_ref<double>(tensor_view<const double, 2>(h.data(), {M, d}), tensor_view<const double, 2>(head.data(), {V, d}), targets,
+                                       l.data(), tensor_view<double, 2>(gh.data(), {M, d}), tensor_view<double, 2>(ghead.data(), {V, d}),
+                                       double(0.3f), e.data());
+    for (std::size_t i = 0; i < loss.size(); ++i) {
+        CHECK(loss[i] == static_cast<float>(l[i]));
+        CHECK(ent[i] == static_cast<float>(e[i]));
+    }
+    for (std::size_t i = 0; i < dh.size(); ++i) CHECK(dh[i] == static_cast<float>(gh[i]));
+    for (std::size_t i = 0; i < dhead.size(); ++i) CHECK(dhead[i] == static_cast<float>(ghead[i]));
 }

@@ -374,3 +374,34 @@ TEST_CASE("norm backwards: bad shapes, layouts and arguments throw naming the ar
                                                       cv3(b.data(), {M, G, gs + 1}), v3(d.data(), {M, G, gs}), nullptr),
                          doctest::Contains("dy"), shape_error);
 }
+
+TEST_CASE("gated_rms_norm_backward and rms_norm_backward on the reference backend equal the fp64 twins on fp64 copies") {
+    const std::int64_t M = 5, G = 2, gs = 7;
+    const auto y = test::uniform(std::size_t(M * G * gs), -2.f, 2.f, 50), z = test::uniform(y.size(), -3.f, 3.f, 51);
+    const auto dout = test::uniform(y.size(), -1.f, 1.f, 52), w = test::uniform(std::size_t(gs), 0.5f, 1.5f, 53);
+    using cv3 = tensor_view<const float, 3>;
+    using cd3 = tensor_view<const double, 3>;
+    std::vector<float> dy(y.size()), dz(y.size()), dw(w.size(), 0.25f);
+    ops::gated_rms_norm_backward(reference_backend(), cv3(y.data(), {M, G, gs}), cv3(z.data(), {M, G, gs}), w.data(), gs,
+                                 gate_order::norm_then_gate, 1e-5f, cv3(dout.data(), {M, G, gs}), tensor_view<float, 3>(dy.data(), {M, G, gs}),
+                                 tensor_view<float, 3>(dz.data(), {M, G, gs}), dw.data());
+    const auto yd = to_double(y), zd = to_double(z), dod = to_double(dout), wd = to_double(w);
+    std::vector<double> dyd(y.size()), dzd(y.size()), dwd(w.size(), double(0.25f));
+    kernels::gated_rms_norm_backward_ref<double>(cd3(yd.data(), {M, G, gs}), cd3(zd.data(), {M, G, gs}), wd.data(), gs, gate_order::norm_then_gate,
+                                                 double(1e-5f), cd3(dod.data(), {M, G, gs}), tensor_view<double, 3>(dyd.data(), {M, G, gs}),
+                                                 tensor_view<double, 3>(dzd.data(), {M, G, gs}), dwd.data());
+    for (std::size_t i = 0; i < dy.size(); ++i) {
+        CHECK(dy[i] == static_cast<float>(dyd[i]));
+        CHECK(dz[i] == static_cast<float>(dzd[i]));
+    }
+    for (std::size_t i = 0; i < dw.size(); ++i) CHECK(dw[i] == static_cast<float>(dwd[i]));
+
+    std::vector<float> dx(std::size_t(M * gs)), dw2(w.size(), 0.f);
+    ops::rms_norm_backward(reference_backend(), tensor_view<const float, 2>(y.data(), {M, gs}), w.data(), 1e-6f, rms_flavor::zero_centered,
+                           tensor_view<const float, 2>(dout.data(), {M, gs}), tensor_view<float, 2>(dx.data(), {M, gs}), dw2.data());
+    std::vector<double> dxd(dx.size()), dwd2(w.size(), 0.0);
+    kernels::rms_norm_backward_ref<double>(tensor_view<const double, 2>(yd.data(), {M, gs}), wd.data(), double(1e-6f), rms_flavor::zero_centered,
+                                           tensor_view<const double, 2>(dod.data(), {M, gs}), tensor_view<double, 2>(dxd.data(), {M, gs}), dwd2.data());
+    for (std::size_t i = 0; i < dx.size(); ++i) CHECK(dx[i] == static_cast<float>(dxd[i]));
+    for (std::size_t i = 0; i < dw2.size(); ++i) CHECK(dw2[i] == static_cast<float>(dwd2[i]));
+}

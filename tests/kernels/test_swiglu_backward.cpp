@@ -199,3 +199,26 @@ TEST_CASE("swiglu_backward / swiglu_train: bad shapes throw shape_error naming t
     CHECK_THROWS_WITH_AS(ops::swiglu_train(cpu, unprepared, x.view<2>(), gu.view<2>(), dx.view<2>()), doctest::Contains("gate_up"),
                          shape_error);
 }
+
+TEST_CASE("swiglu_backward on the reference backend equals swiglu_backward_ref on fp64 copies") {
+    const std::int64_t M = 5, d = 6, F = 9;
+    const auto w = random_weights(d, F, 71);
+    const auto x = random_tensor(M, d, 72, 2.f), dy = random_tensor(M, d, 73);
+    tensor<float> gu({M, 2 * F}), y({M, d}), dx({M, d});
+    ops::swiglu_train(reference_backend(), w, x.view<2>(), gu.view<2>(), y.view<2>());
+    auto g = random_weights(d, F, 74);
+    const auto g0 = g;
+    ops::swiglu_backward(reference_backend(), w, x.view<2>(), std::as_const(gu).view<2>(), dy.view<2>(), dx.view<2>(), g);
+    auto xd = to_double(x), dyd = to_double(dy), wg = to_double(w.gate_proj), wu = to_double(w.up_proj), wd = to_double(w.down_proj);
+    auto dwg = to_double(g0.gate_proj), dwu = to_double(g0.up_proj), dwd = to_double(g0.down_proj);
+    std::vector<double> dxd(xd.size());
+    kernels::swiglu_backward_ref<double>(cv2(xd.data(), {M, d}), cv2(wg.data(), {F, d}), cv2(wu.data(), {F, d}), cv2(wd.data(), {d, F}),
+                                         cv2(dyd.data(), {M, d}), v2(dxd.data(), {M, d}), v2(dwg.data(), {F, d}), v2(dwu.data(), {F, d}),
+                                         v2(dwd.data(), {d, F}));
+    for (std::size_t i = 0; i < dxd.size(); ++i) CHECK(dx[std::int64_t(i)] == static_cast<float>(dxd[i]));
+    for (std::size_t i = 0; i < dwg.size(); ++i) {
+        CHECK(g.gate_proj[std::int64_t(i)] == static_cast<float>(dwg[i]));
+        CHECK(g.up_proj[std::int64_t(i)] == static_cast<float>(dwu[i]));
+    }
+    for (std::size_t i = 0; i < dwd.size(); ++i) CHECK(g.down_proj[std::int64_t(i)] == static_cast<float>(dwd[i]));
+}

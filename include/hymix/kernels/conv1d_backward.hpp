@@ -167,8 +167,9 @@ void conv_store(float* p, const V& v) {
 /// fp32 CPU kernel for the channels [c0, c1) of one problem (arguments as in causal_conv1d_backward_ref, already
 /// checked with detail::check_conv1d_backward; [c0, c1) must not cut an L2 group). Writes dx and dstate0 for
 /// those channels and adds their dw / dbias contributions. One pass over the tokens with xsimd over the channels:
-/// p_t is recomputed, dp_t formed, dw and db accumulated in registers' scratch, and dext kept in a ring of K rows
-/// (row r is complete once dp_r is known, and is then written to dx or dstate0). Per-thread scratch only grows.
+/// p_t is recomputed, dp_t formed and dw, db and dext accumulated. Without L2 groups (and K <= 4, unit-stride dout)
+/// each SIMD column of channels keeps everything in registers across the tokens; otherwise token-major rows over
+/// the block with dext in a ring of K rows. Per-thread scratch only grows.
 template <class Arch = xsimd::default_arch>
 void causal_conv1d_backward_block(tensor_view<const float, 2> x, tensor_view<const float, 2> w, const float* bias,
                                   const float* state0, tensor_view<const float, 2> dout, const float* dstate_final,
@@ -191,9 +192,9 @@ void causal_conv1d_backward_block(tensor_view<const float, 2> x, tensor_view<con
     }
     if (nb == 0) return;
     // scratch: wt [K, nb] tap-major weights, s0 [S, nb] state rows, ring [K, nb] dext rows, gw [K, nb], gb [nb],
-    // pre [nb], gr [nb] (the upstream gradient row, then da)
+    // pre [nb], gr [nb] (the upstream gradient row, then da), ds_rows, dsf_rows [S, nb]
     thread_local std::vector<float> buf;
-    const std::size_t need = static_cast<std::size_t>((4 * K + 2) * nb);
+    const std::size_t need = static_cast<std::size_t>((4 * K + 2 * S + 2) * nb);
     if (buf.size() < need) buf.resize(need);
     float* wt = buf.data();
     float* s0 = wt + K * nb;
@@ -202,6 +203,8 @@ void causal_conv1d_backward_block(tensor_view<const float, 2> x, tensor_view<con
     float* gb = gw + K * nb;
     float* pre = gb + nb;
     float* gr = pre + nb;
+    float* ds_rows = gr + nb;  // [S, nb] dstate0 rows (fast path), transposed into dstate0 at the end
+    float* dsf_rows = ds_rows + S * nb;  // [S, nb] dstate_final rows (fast path)
     for (std::int64_t i = 0; i < nb; ++i)
         for (std::int64_t j = 0; j < K; ++j) wt[j * nb + i] = w(c0 + i, j);
     for (std::int64_t i = 0; i < nb; ++i)
@@ -249,52 +252,123 @@ void causal_conv1d_backward_block(tensor_view<const float, 2> x, tensor_view<con
         }
     };
 
-    for (std::int64_t t = 0; t < Tn; ++t) {
-        for (std::int64_t j = 0; j < K; ++j) er[j] = ext_row(t + j);
-        const float* go = &dout(t, c0);
-        if (!dout_unit) {
-            for (std::int64_t i = 0; i < nb; ++i) gr[i] = dout(t, c0 + i);
-            go = gr;
-        }
-        if (!use_l2) {  // fused single pass
-            std::int64_t i = 0;
-            for (; i + W <= nb; i += W)
-                accumulate.template operator()<V>(t, i, preact.template operator()<V>(i), V::load_unaligned(go + i));
-            for (; i < nb; ++i) accumulate.template operator()<float>(t, i, preact.template operator()<float>(i), go[i]);
-        } else {
-            std::int64_t i = 0;
-            for (; i + W <= nb; i += W) preact.template operator()<V>(i).store_unaligned(pre + i);
-            for (; i < nb; ++i) pre[i] = preact.template operator()<float>(i);
-            if (go != gr) std::copy_n(go, nb, gr);
-            // L2 backward per group on the activations a = act(p): da = (g − a (a·g) / n²) / n
-            for (std::int64_t g0 = c0; g0 + l2.group <= std::min(c1, lim); g0 += l2.group) {
-                const float* pg = pre + (g0 - c0);
-                float* gg = gr + (g0 - c0);
-                auto act_of = [&](float p) { return silu_act ? p / (1.f + std::exp(-p)) : p; };
-                float ss = 0.f, ag = 0.f;
-                for (std::int64_t a = 0; a < l2.group; ++a) {
-                    const float av = act_of(pg[a]);
-                    ss += av * av;
-                    ag += av * gg[a];
-                }
-                const float inv = 1.f / std::sqrt(ss + static_cast<float>(l2.eps));
-                const float k = ag * inv * inv;
-                for (std::int64_t a = 0; a < l2.group; ++a) gg[a] = (gg[a] - act_of(pg[a]) * k) * inv;
+    // General path (L2 groups, any dout strides, any K): token-major rows over the block, dext in a ring of K rows
+    // (row r is complete once dp_r is known, and is then written to dx or dstate0).
+    auto general_path = [&] {
+        for (std::int64_t t = 0; t < Tn; ++t) {
+            for (std::int64_t j = 0; j < K; ++j) er[j] = ext_row(t + j);
+            const float* go = &dout(t, c0);
+            if (!dout_unit) {
+                for (std::int64_t i = 0; i < nb; ++i) gr[i] = dout(t, c0 + i);
+                go = gr;
             }
-            i = 0;
-            for (; i + W <= nb; i += W) accumulate.template operator()<V>(t, i, V::load_unaligned(pre + i), V::load_unaligned(gr + i));
-            for (; i < nb; ++i) accumulate.template operator()<float>(t, i, pre[i], gr[i]);
+            if (!use_l2) {  // fused single pass
+                std::int64_t i = 0;
+                for (; i + W <= nb; i += W)
+                    accumulate.template operator()<V>(t, i, preact.template operator()<V>(i), V::load_unaligned(go + i));
+                for (; i < nb; ++i) accumulate.template operator()<float>(t, i, preact.template operator()<float>(i), go[i]);
+            } else {
+                std::int64_t i = 0;
+                for (; i + W <= nb; i += W) preact.template operator()<V>(i).store_unaligned(pre + i);
+                for (; i < nb; ++i) pre[i] = preact.template operator()<float>(i);
+                if (go != gr) std::copy_n(go, nb, gr);
+                // L2 backward per group on the activations a = act(p): da = (g − a (a·g) / n²) / n
+                for (std::int64_t g0 = c0; g0 + l2.group <= std::min(c1, lim); g0 += l2.group) {
+                    const float* pg = pre + (g0 - c0);
+                    float* gg = gr + (g0 - c0);
+                    auto act_of = [&](float p) { return silu_act ? p / (1.f + std::exp(-p)) : p; };
+                    float ss = 0.f, ag = 0.f;
+                    for (std::int64_t a = 0; a < l2.group; ++a) {
+                        const float av = act_of(pg[a]);
+                        ss += av * av;
+                        ag += av * gg[a];
+                    }
+                    const float inv = 1.f / std::sqrt(ss + static_cast<float>(l2.eps));
+                    const float k = ag * inv * inv;
+                    for (std::int64_t a = 0; a < l2.group; ++a) gg[a] = (gg[a] - act_of(pg[a]) * k) * inv;
+                }
+                i = 0;
+                for (; i + W <= nb; i += W) accumulate.template operator()<V>(t, i, V::load_unaligned(pre + i), V::load_unaligned(gr + i));
+                for (; i < nb; ++i) accumulate.template operator()<float>(t, i, pre[i], gr[i]);
+            }
+            float* done = ring + (t % K) * nb;  // ext row t has all its contributions
+            emit(t, done);
+            std::fill_n(done, nb, 0.f);
         }
-        float* done = ring + (t % K) * nb;  // ext row t has all its contributions
-        emit(t, done);
-        std::fill_n(done, nb, 0.f);
-    }
-    // rows T … T+S−1 are the final state: add its upstream gradient, then they are complete too
-    for (std::int64_t k = 0; k < S; ++k) {
-        float* row = ring + ((Tn + k) % K) * nb;
+        // rows T … T+S−1 are the final state: add its upstream gradient, then they are complete too
+        for (std::int64_t k = 0; k < S; ++k) {
+            float* row = ring + ((Tn + k) % K) * nb;
+            if (dstate_final)
+                for (std::int64_t i = 0; i < nb; ++i) row[i] += dstate_final[(c0 + i) * S + k];
+            emit(Tn + k, row);
+        }
+    };
+    // Fast path (no L2 groups, unit-stride dout, K <= 4): one SIMD column of channels at a time runs through all
+    // tokens with the weights, the K-row input window, the pending dext rows and the dw / db sums in registers.
+    auto columns = [&]<class B, int KK>(std::int64_t i) {
+        constexpr int SS = KK - 1;
+        B wv[KK], e[KK], d[KK], gwv[KK];
+        for (int j = 0; j < KK; ++j) {
+            wv[j] = detail::conv_load<B>(wt + j * nb + i);
+            gwv[j] = B(0.f);
+            d[j] = B(0.f);
+        }
+        for (int j = 0; j < SS; ++j) e[j] = detail::conv_load<B>(s0 + j * nb + i);
+        const B bv = bias ? detail::conv_load<B>(bias + c0 + i) : B(0.f);
+        B gbv(0.f);
+        auto emit_lanes = [&](std::int64_t r, const B& v) {
+            if (r >= S) {
+                if (dx.data) detail::conv_store(&dx(r - S, c0 + i), v);
+            } else {
+                detail::conv_store(ds_rows + r * nb + i, v);
+            }
+        };
+        for (std::int64_t t = 0; t < Tn; ++t) {
+            e[SS] = detail::conv_load<B>(&x(t, c0 + i));
+            B p = bv;
+            for (int j = 0; j < KK; ++j) p = xsimd::fma(wv[j], e[j], p);
+            B g = detail::conv_load<B>(&dout(t, c0 + i));
+            if (silu_act) {
+                const B sg = B(1.f) / (B(1.f) + xsimd::exp(-p));
+                g = g * sg * xsimd::fma(p, B(1.f) - sg, B(1.f));
+            }
+            gbv = gbv + g;
+            for (int j = 0; j < KK; ++j) {
+                gwv[j] = xsimd::fma(g, e[j], gwv[j]);
+                d[j] = xsimd::fma(wv[j], g, d[j]);  // d[j]: pending dext row t + j
+            }
+            emit_lanes(t, d[0]);
+            for (int j = 0; j < SS; ++j) {
+                d[j] = d[j + 1];
+                e[j] = e[j + 1];
+            }
+            d[SS] = B(0.f);
+        }
+        for (int k = 0; k < SS; ++k) emit_lanes(Tn + k, dstate_final ? d[k] + detail::conv_load<B>(dsf_rows + k * nb + i) : d[k]);
+        for (int j = 0; j < KK; ++j) detail::conv_store(gw + j * nb + i, gwv[j]);
+        detail::conv_store(gb + i, gbv);
+    };
+    auto run_columns = [&]<int KK>() {
         if (dstate_final)
-            for (std::int64_t i = 0; i < nb; ++i) row[i] += dstate_final[(c0 + i) * S + k];
-        emit(Tn + k, row);
+            for (std::int64_t i = 0; i < nb; ++i)
+                for (std::int64_t k = 0; k < S; ++k) dsf_rows[k * nb + i] = dstate_final[(c0 + i) * S + k];
+        std::int64_t i = 0;
+        for (; i + W <= nb; i += W) columns.template operator()<V, KK>(i);
+        for (; i < nb; ++i) columns.template operator()<float, KK>(i);
+        if (dstate0)
+            for (std::int64_t ii = 0; ii < nb; ++ii)
+                for (std::int64_t r = 0; r < S; ++r) dstate0[(c0 + ii) * S + r] = ds_rows[r * nb + ii];
+    };
+    const bool fast = !use_l2 && (dout.strides[1] == 1 || nb == 1) && K <= 4;
+    if (fast) {
+        switch (K) {
+            case 1: run_columns.template operator()<1>(); break;
+            case 2: run_columns.template operator()<2>(); break;
+            case 3: run_columns.template operator()<3>(); break;
+            default: run_columns.template operator()<4>(); break;
+        }
+    } else {
+        general_path();
     }
     if (dw.data)
         for (std::int64_t i = 0; i < nb; ++i)

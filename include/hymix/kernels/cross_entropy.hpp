@@ -231,11 +231,12 @@ inline void ce_grad_tile(float* L, std::int64_t tm, std::int64_t tv, std::int64_
 /// Fused LM head + cross-entropy, fp32. h [M, d], head [V, d] (unit inner strides, any row strides); targets [M]
 /// with −1 = no loss at that row. losses [M] ← nats (0 where ignored); entropy [M] (or null) ← H / log V.
 /// dh [M, d] ← d(grad_scale·Σ losses)/dh (overwritten; data == nullptr: skipped); dhead [V, d] += the head's
-/// gradient (or skipped). Never holds more than one [128 × 256] logits tile per task. Parallel over row blocks
-/// (statistics; dh without dhead) or over a partition of the vocabulary into one contiguous range per thread (with
-/// dhead: each task owns its dhead rows, and dh sums the per-range partials in range order); every result is
-/// deterministic for a given thread count, and losses, entropy and dhead are bit-identical for any thread count.
-/// Memory: two floats per row, one tile per task, and (threads − 1) [M, d] partials when both dh and dhead are wanted.
+/// gradient (or skipped). Never holds more than one [128 × 256] logits tile per task. Statistics: parallel over row
+/// blocks. Gradients: parallel over row ranges (dh only, or fewer vocabulary tiles than threads: (threads − 1)
+/// [V, d] dhead partials) or over one contiguous vocabulary range per thread (each task owns its dhead rows;
+/// (threads − 1) [M, d] dh partials when dh is wanted); partials are summed in range order. Every result is
+/// deterministic for a given thread count; losses, entropy, and dh without dhead, are bit-identical for any count.
+/// Memory: two floats per row, one tile per task, and the partials above.
 template <cpu_backend_type Backend>
 void cross_entropy(const Backend& be, tensor_view<const float, 2> h, tensor_view<const float, 2> head, std::span<const std::int32_t> targets,
                    std::span<float> losses, tensor_view<float, 2> dh, tensor_view<float, 2> dhead, float grad_scale, float* entropy) {
@@ -282,27 +283,51 @@ void cross_entropy(const Backend& be, tensor_view<const float, 2> h, tensor_view
             if (targets[static_cast<std::size_t>(r0 + i)] >= 0) return true;
         return false;
     };
-    if (!dhead.data) {  // Pass 2, dh only: parallel over row blocks, vocabulary tiles in order
-        be.parallel_for(n_rb, 1, [&](std::int64_t b0, std::int64_t b1) {
+    const std::int64_t threads = be.num_threads();
+    if (!dhead.data || n_vt < threads) {
+        // Pass 2 over P contiguous ranges of row blocks (dh only, or a vocabulary too small to split): a task owns its
+        // dh rows and walks the vocabulary tiles in order; with dhead, range p > 0 accumulates into its own zeroed
+        // [V, d] partial (range 0 directly into dhead), summed into dhead in range order afterwards.
+        const std::int64_t P = dhead.data ? std::min(threads, n_rb) : n_rb;
+        std::vector<float> partial(dhead.data ? static_cast<std::size_t>((P - 1) * V * d) : 0);  // [P − 1, V, d]
+        auto dhead_part = [&](std::int64_t p) {
+            return p == 0 ? dhead : tensor_view<float, 2>(partial.data() + (p - 1) * V * d, {V, d});
+        };
+        be.parallel_for(P, 1, [&](std::int64_t p0, std::int64_t p1) {
             std::vector<float> buf(static_cast<std::size_t>(TM * TV));
-            for (std::int64_t b = b0; b < b1; ++b) {
-                const std::int64_t r0 = b * TM, tm = std::min(TM, M - r0);
-                auto dhb = dh.slice(r0, tm).matrix();  // [tm, d]
-                dhb.setZero();
-                if (!any_target(r0, tm)) continue;
-                for (std::int64_t vt = 0; vt < n_vt; ++vt) {
-                    const std::int64_t v0 = vt * TV, tv = std::min(TV, V - v0);
-                    const auto L = detail::ce_logits(h, head, r0, tm, v0, tv, buf.data());
-                    detail::ce_grad_tile<Arch>(buf.data(), tm, tv, r0, v0, targets, row_max.data(), row_logsum.data(), grad_scale);
-                    dhb.noalias() += L * head.slice(v0, tv).matrix();
+            for (std::int64_t p = p0; p < p1; ++p) {
+                const auto dhp = dhead.data ? dhead_part(p) : tensor_view<float, 2>();
+                for (std::int64_t b = p * n_rb / P; b < (p + 1) * n_rb / P; ++b) {
+                    const std::int64_t r0 = b * TM, tm = std::min(TM, M - r0);
+                    if (dh.data)
+                        for (std::int64_t r = r0; r < r0 + tm; ++r) std::fill_n(&dh(r, 0), d, 0.f);
+                    if (!any_target(r0, tm)) continue;
+                    for (std::int64_t vt = 0; vt < n_vt; ++vt) {
+                        const std::int64_t v0 = vt * TV, tv = std::min(TV, V - v0);
+                        const auto L = detail::ce_logits(h, head, r0, tm, v0, tv, buf.data());
+                        detail::ce_grad_tile<Arch>(buf.data(), tm, tv, r0, v0, targets, row_max.data(), row_logsum.data(), grad_scale);
+                        if (d == 0) continue;
+                        if (dh.data) dh.slice(r0, tm).matrix().noalias() += L * head.slice(v0, tv).matrix();
+                        if (dhp.data) dhp.slice(v0, tv).matrix().noalias() += L.transpose() * h.slice(r0, tm).matrix();
+                    }
                 }
             }
         });
+        if (dhead.data && P > 1)
+            be.parallel_for(V, 64, [&](std::int64_t v0, std::int64_t v1) {
+                for (std::int64_t v = v0; v < v1; ++v)
+                    for (std::int64_t p = 1; p < P; ++p) {
+                        const float* src = &dhead_part(p)(v, 0);
+                        float* dst = &dhead(v, 0);
+                        for (std::int64_t k = 0; k < d; ++k) dst[k] += src[k];
+                    }
+            });
         return;
     }
-    // Pass 2 with dhead: P contiguous ranges of vocabulary tiles, one task each; a task walks its tiles in order and,
-    // per tile, the row blocks in order (dhead rows have one owner; dh gets one partial per range).
-    const std::int64_t P = std::min<std::int64_t>(be.num_threads(), n_vt);
+    // Pass 2 with dhead over a large vocabulary: P = threads contiguous ranges of vocabulary tiles, one task each; a
+    // task walks its tiles in order and, per tile, the row blocks in order (its dhead rows have one owner; dh gets one
+    // [M, d] partial per range, range 0 written directly, summed in range order afterwards).
+    const std::int64_t P = threads;
     std::vector<float> partial(dh.data ? static_cast<std::size_t>((P - 1) * M * d) : 0);  // [P − 1, M, d]
     auto dh_part = [&](std::int64_t p) {
         return p == 0 ? dh : tensor_view<float, 2>(partial.data() + (p - 1) * M * d, {M, d});
@@ -322,8 +347,9 @@ void cross_entropy(const Backend& be, tensor_view<const float, 2> h, tensor_view
                     if (!any_target(r0, tm)) continue;
                     const auto L = detail::ce_logits(h, head, r0, tm, v0, tv, buf.data());
                     detail::ce_grad_tile<Arch>(buf.data(), tm, tv, r0, v0, targets, row_max.data(), row_logsum.data(), grad_scale);
+                    if (d == 0) continue;
                     if (dhp.data) dhp.slice(r0, tm).matrix().noalias() += L * ht;
-                    if (d > 0) dht.noalias() += L.transpose() * h.slice(r0, tm).matrix();
+                    dht.noalias() += L.transpose() * h.slice(r0, tm).matrix();
                 }
             }
         }

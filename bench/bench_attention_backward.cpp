@@ -4,6 +4,7 @@
 // visible (causal) half: forward QKᵀ and PV, backward QKᵀ, dO·Vᵀ, PᵀdO, dSᵀQ and dS·K (2.5× the forward's).
 // The CPU column is the process's CPU time over all threads: on a loaded shared machine, backward / forward on it (and
 // GFLOP/s per CPU-second against bench_peak's process-time FMA peak) is steadier than wall-clock time.
+// Also the whole attention layer's training step (mixer forward_train, backward) for the shared checkpoints' layer.
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include "hymix/backend/cpu.hpp"
 #include "hymix/kernels/attention.hpp"
 #include "hymix/kernels/attention_backward.hpp"
+#include "hymix/mixer/attention.hpp"
 #include "peak.hpp"
 
 namespace {
@@ -83,8 +85,68 @@ void BM_attn_backward(benchmark::State& st) {
                          be.num_threads());
 }
 
+/// The shared checkpoints' attention layer: d 256, 4 / 2 heads × 64, output gate, zero-centred qk-norm, RoPE 0.25.
+hymix::attention_config layer_config() {
+    hymix::attention_config c;
+    c.d_model = 256;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.head_dim = 64;
+    c.output_gate = true;
+    c.qk_norm.mode = hymix::qk_norm_mode::zero_centered;
+    c.rope = {hymix::rope_mode::rotate_half, 1e7, 0.25};
+    return c;
+}
+
+/// FLOPs of the layer's forward for B sequences of T tokens: projections (q with gate, k, v, o) and causal attention.
+double layer_forward_flops(const hymix::attention_config& c, std::int64_t B, std::int64_t T) {
+    const double tokens = static_cast<double>(B * T), Td = static_cast<double>(T);
+    const double proj = 2.0 * static_cast<double>(c.d_model) * static_cast<double>(c.q_rows() + 2 * c.kv_rows() + c.n_heads * c.head_dim);
+    return tokens * proj + static_cast<double>(B * c.n_heads) * 4.0 * static_cast<double>(c.head_dim) * Td * (Td + 1) / 2;
+}
+
+// Args: threads, B sequences, T tokens each (packed). forward_train, or backward (projections 2× their forward FLOPs,
+// attention 2.5×).
+void BM_layer_train(benchmark::State& st, bool backward) {
+    const hymix::cpu_backend be(static_cast<int>(st.range(0)));
+    const std::int64_t B = st.range(1), T = st.range(2);
+    const auto c = layer_config();
+    const hymix::attention m(c, hymix::attention_weights::random(c, 1));
+    const auto batch = hymix::seq_batch::dense(B, T);
+    const std::int64_t N = B * T, d = c.d_model;
+    const auto x = hymix::bench::random_vec(static_cast<std::size_t>(N * d), 2);
+    const auto dy = hymix::bench::random_vec(static_cast<std::size_t>(N * d), 3);
+    std::vector<float> y(x.size()), dx(x.size());
+    const hymix::tensor_view<const float, 2> xv(x.data(), {N, d}), dyv(dy.data(), {N, d});
+    hymix::attention::train_cache tc;
+    auto g = m.weights().zeros_like();
+    m.forward_train(be, batch, xv, hymix::tensor_view<float, 2>(y.data(), {N, d}), tc);
+    for (auto _ : st) {
+        if (backward)
+            m.backward(be, batch, tc, xv, dyv, hymix::tensor_view<float, 2>(dx.data(), {N, d}), g);
+        else
+            m.forward_train(be, batch, xv, hymix::tensor_view<float, 2>(y.data(), {N, d}), tc);
+        benchmark::DoNotOptimize(dx.data());
+        benchmark::DoNotOptimize(y.data());
+    }
+    const double Td = static_cast<double>(T), attn = static_cast<double>(B * c.n_heads) * 4.0 * static_cast<double>(c.head_dim) * Td * (Td + 1) / 2;
+    const double fwd = layer_forward_flops(c, B, T);
+    const double flops = backward ? 2.0 * (fwd - attn) + 2.5 * attn : fwd;
+    hymix::bench::report(st, static_cast<double>(N), flops, 4.0 * static_cast<double>(x.size()) * 3, be.num_threads());
+}
+void BM_layer_forward_train(benchmark::State& st) { BM_layer_train(st, false); }
+void BM_layer_backward(benchmark::State& st) { BM_layer_train(st, true); }
+
 }  // namespace
 
+BENCHMARK(BM_layer_forward_train)
+    ->ArgNames({"threads", "B", "T"})
+    ->Args({1, 4, 512})->Args({2, 4, 512})
+    ->Unit(benchmark::kMillisecond)->MeasureProcessCPUTime()->UseRealTime();
+BENCHMARK(BM_layer_backward)
+    ->ArgNames({"threads", "B", "T"})
+    ->Args({1, 4, 512})->Args({2, 4, 512})
+    ->Unit(benchmark::kMillisecond)->MeasureProcessCPUTime()->UseRealTime();
 BENCHMARK(BM_attn_forward)
     ->ArgNames({"threads", "T", "H", "Hkv", "dh"})
     ->Args({1, 1024, 32, 8, 128})->Args({2, 1024, 32, 8, 128})->Args({2, 1024, 4, 2, 64})

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <ctime>
 #include <vector>
 
 #include "hymix/backend/cpu.hpp"
@@ -112,25 +113,39 @@ void BM_gdn_core_backward(benchmark::State& st) {
                          4.0 * static_cast<double>(2 * (p.q.size() + p.k.size() + 2 * p.v.size())), be.num_threads());
 }
 
+/// Seconds of CPU time used by the calling thread (with one thread every op runs on it).
+double thread_cpu_seconds() {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 /// One forward and one backward per iteration, timed separately: bwd_over_fwd = Σ backward time / Σ forward time
-/// (interleaving keeps both under the same load on a shared machine).
+/// (interleaving keeps both under the same load on a shared machine). With one thread also the ratio of the thread's
+/// CPU times, bwd_over_fwd_cpu, which other processes on the machine disturb less.
 void BM_gdn_core_ratio(benchmark::State& st) {
     core_problem p(st.range(0));
     hymix::cpu_backend be(static_cast<int>(st.range(1)));
     p.forward(be);
     p.backward(be);
-    double tf = 0, tb = 0;
+    double tf = 0, tb = 0, cf = 0, cb = 0;
     using clock = std::chrono::steady_clock;
     for (auto _ : st) {
         const auto t0 = clock::now();
+        const double c0 = thread_cpu_seconds();
         p.forward(be);
         const auto t1 = clock::now();
+        const double c1 = thread_cpu_seconds();
         p.backward(be);
         const auto t2 = clock::now();
+        const double c2 = thread_cpu_seconds();
         tf += std::chrono::duration<double>(t1 - t0).count();
         tb += std::chrono::duration<double>(t2 - t1).count();
+        cf += c1 - c0;
+        cb += c2 - c1;
         benchmark::DoNotOptimize(p.dq.data());
     }
+    if (be.num_threads() == 1) st.counters["bwd_over_fwd_cpu"] = cb / cf;
     st.counters["fwd_ms"] = 1e3 * tf / static_cast<double>(st.iterations());
     st.counters["bwd_ms"] = 1e3 * tb / static_cast<double>(st.iterations());
     st.counters["bwd_over_fwd"] = tb / tf;

@@ -352,6 +352,13 @@ TEST_CASE("attention training: bad arguments throw shape_error naming the argume
     const seq_batch other = seq_batch::dense(2, 3);
     CHECK_THROWS_AS(m.backward(cpu, other, tc, xv, tensor_view<const float, 2>(y.data(), {6, d}), tensor_view<float, 2>(dx.data(), {6, d}), g),
                     shape_error);
+    // A cache of another layer shape (the same layer with an output gate: q_proj has twice the rows).
+    auto cg = c;
+    cg.output_gate = true;
+    const attention gated(cg, attention_weights::random(cg, 2));
+    auto gg = gated.weights().zeros_like();
+    CHECK_THROWS_AS(gated.backward(cpu, b, tc, xv, tensor_view<const float, 2>(y.data(), {6, d}), tensor_view<float, 2>(dx.data(), {6, d}), gg),
+                    shape_error);
     // Gradient weights of another shape.
     auto bad = attention_weights::random(cfg_qwen(), 1);
     CHECK_THROWS_AS(m.backward(cpu, b, tc, xv, tensor_view<const float, 2>(y.data(), {6, d}), tensor_view<float, 2>(dx.data(), {6, d}), bad),

@@ -25,11 +25,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include <Eigen/Core>
+#include <xsimd/xsimd.hpp>
 
 #include "hymix/backend/concepts.hpp"
 #include "hymix/core/error.hpp"
@@ -261,48 +263,69 @@ namespace detail {
 using aligned_floats = std::vector<float, Eigen::aligned_allocator<float>>;
 
 /// Scratch of one task of the chunked backward (one (sequence, value head) at a time), for chunks of up to C rows:
-/// the per-chunk store of the forward sweep and the tiles of one backward chunk. Aligned allocations, so Eigen's
-/// summation order (which follows alignment) is the same on every run.
+/// the per-chunk store of the forward sweep and the tiles of one backward chunk. Eigen's aligned allocations, so its
+/// summation order (which follows alignment) is the same on every run; kept per thread and reused across calls, so
+/// repeated calls neither allocate nor touch fresh pages.
 struct gdn_bwd_scratch {
     std::int64_t C, dk, dv;
-    aligned_floats s_store, u_store, kg_store;  // per chunk: S entering [d_k, d_v], U [C, d_v], K Kᵀ ⊙ Γ strictly lower [C, C]
+    Eigen::VectorXf s_store, u_store, kg_store, gm_store;  // per chunk: S entering [d_k, d_v], U [C, d_v], K Kᵀ ⊙ Γ strictly
+                                                           // lower [C, C], Γ [C, C]
     std::vector<float> gamma, eg, bet, dgam;     // [C]; dgam ends as dg of the chunk's rows
     std::vector<float> dbet, col;                // [C] dβ of the chunk's rows; pair-term column sums
     row_matrix gm, kk, a, p, dp, da;             // [C, C]
-    row_matrix kd, kl;                           // [C, d_k]
+    row_matrix kd, kl, qc, kc;                   // [C, d_k]; qc, kc: the chunk's Q and K rows, gathered
     row_matrix y;                                // [2C, d_v]: dO rows, then dR rows
     row_matrix z, lhs;                           // [2C, d_k]: Y Sᵀ; [scale·Q ⊙ e^γ ; −K ⊙ β e^γ]
     row_matrix uds;                              // [C, d_k]: U dSᵀ
-    row_matrix dqc, dkc;                         // [C, d_k]
-    row_matrix ds, ds_prev;                      // [d_k, d_v]
+    row_matrix dqc, dkc, dvc;                    // [C, d_k], [C, d_k], [C, d_v]
+    row_matrix ds, ds_prev, s_run;               // [d_k, d_v]: dS, its update, the running state of the forward sweep
     gdn_bwd_scratch(std::int64_t C_, std::int64_t dk_, std::int64_t dv_)
         : C(C_), dk(dk_), dv(dv_), gamma(static_cast<std::size_t>(C_)), eg(gamma.size()), bet(gamma.size()), dgam(gamma.size()),
-          dbet(gamma.size()), col(gamma.size()),           gm(C_, C_), kk(C_, C_), a(C_, C_), p(C_, C_), dp(C_, C_), da(C_, C_), kd(C_, dk_), kl(C_, dk_), y(2 * C_, dv_),
-          z(2 * C_, dk_), lhs(2 * C_, dk_), uds(C_, dk_), dqc(C_, dk_), dkc(C_, dk_), ds(dk_, dv_), ds_prev(dk_, dv_) {}
-    /// Room for the per-chunk store of a sequence of nc chunks (grows only).
+          dbet(gamma.size()), col(gamma.size()), gm(C_, C_), kk(C_, C_), a(C_, C_), p(C_, C_), dp(C_, C_), da(C_, C_), kd(C_, dk_),
+          kl(C_, dk_), qc(C_, dk_), kc(C_, dk_), y(2 * C_, dv_), z(2 * C_, dk_), lhs(2 * C_, dk_), uds(C_, dk_), dqc(C_, dk_), dkc(C_, dk_), dvc(C_, dv_),
+          ds(dk_, dv_), ds_prev(dk_, dv_), s_run(dk_, dv_) {}
+    /// Room for the per-chunk store of a sequence of nc chunks (grows only; contents are not initialised).
     void reserve_chunks(std::int64_t nc) {
-        const auto need = [&](std::int64_t per) { return static_cast<std::size_t>(nc * per); };
-        if (s_store.size() < need(dk * dv)) s_store.resize(need(dk * dv));
-        if (u_store.size() < need(C * dv)) u_store.resize(need(C * dv));
-        if (kg_store.size() < need(C * C)) kg_store.resize(need(C * C));
+        const auto grow = [&](Eigen::VectorXf& x, std::int64_t per) {
+            if (x.size() < nc * per) x.resize(nc * per);
+        };
+        grow(s_store, dk * dv);
+        grow(u_store, C * dv);
+        grow(kg_store, C * C);
+        grow(gm_store, C * C);
     }
     Eigen::Map<row_matrix> S_of(std::int64_t i) { return Eigen::Map<row_matrix>(s_store.data() + i * dk * dv, dk, dv); }
     row_map U_of(std::int64_t i, std::int64_t n) { return row_map(u_store.data() + i * C * dv, n, dv, Eigen::OuterStride<>(dv)); }
     row_map KG_of(std::int64_t i, std::int64_t n) { return row_map(kg_store.data() + i * C * C, n, n, Eigen::OuterStride<>(C)); }
+    row_map GM_of(std::int64_t i, std::int64_t n) { return row_map(gm_store.data() + i * C * C, n, n, Eigen::OuterStride<>(C)); }
 };
 
-/// Σ_i a_i b_i in a fixed order (16 interleaved partial sums, then a fixed tree), whatever the alignment of a and b:
-/// Eigen's own reductions peel to alignment, so their rounding would follow the addresses of the inputs.
+/// This thread's backward scratch for chunks of up to C rows and heads d_k × d_v (rebuilt when the head sizes change or
+/// longer chunks come).
+inline gdn_bwd_scratch& gdn_bwd_workspace(std::int64_t C, std::int64_t dk, std::int64_t dv) {
+    thread_local std::optional<gdn_bwd_scratch> w;
+    if (!w || w->C < C || w->dk != dk || w->dv != dv) w.emplace(C, dk, dv);
+    return *w;
+}
+
+/// Σ_i a_i b_i in a fixed order (four SIMD registers of partial sums over the full vectors from index 0, a scalar tail,
+/// then a fixed reduction), whatever the alignment of a and b: Eigen's own reductions peel to alignment, so their
+/// rounding would follow the addresses of the inputs.
 inline float dot_fixed(const float* a, const float* b, std::int64_t n) {
-    constexpr std::int64_t L = 16;
-    float acc[L] = {};
+    using B = xsimd::batch<float>;
+    constexpr std::int64_t W = static_cast<std::int64_t>(B::size);
+    B s0(0.f), s1(0.f), s2(0.f), s3(0.f);
     std::int64_t i = 0;
-    for (; i + L <= n; i += L)
-        for (std::int64_t l = 0; l < L; ++l) acc[l] += a[i + l] * b[i + l];
-    for (std::int64_t l = 0; i + l < n; ++l) acc[l] += a[i + l] * b[i + l];
-    for (std::int64_t h = L / 2; h > 0; h /= 2)
-        for (std::int64_t l = 0; l < h; ++l) acc[l] += acc[l + h];
-    return acc[0];
+    for (; i + 4 * W <= n; i += 4 * W) {
+        s0 = xsimd::fma(B::load_unaligned(a + i), B::load_unaligned(b + i), s0);
+        s1 = xsimd::fma(B::load_unaligned(a + i + W), B::load_unaligned(b + i + W), s1);
+        s2 = xsimd::fma(B::load_unaligned(a + i + 2 * W), B::load_unaligned(b + i + 2 * W), s2);
+        s3 = xsimd::fma(B::load_unaligned(a + i + 3 * W), B::load_unaligned(b + i + 3 * W), s3);
+    }
+    for (; i + W <= n; i += W) s0 = xsimd::fma(B::load_unaligned(a + i), B::load_unaligned(b + i), s0);
+    float tail = 0.f;
+    for (; i < n; ++i) tail += a[i] * b[i];
+    return xsimd::hadd((s0 + s1) + (s2 + s3)) + tail;
 }
 
 /// X ← (I + A)⁻ᵀ X for A [n, n] strictly lower (diagonal and upper part not read), X [n, m]: backward substitution
@@ -318,7 +341,8 @@ inline void unit_lower_transposed_solve(const const_row_map& A, row_map X) {
     }
 }
 
-/// The per-chunk quantities both sweeps rebuild from g and β: γ, e^γ (flushed), β and the mask Γ.
+/// The per-chunk quantities both sweeps rebuild from g and β: γ, e^γ (flushed) and β. (The mask Γ is built once, by the
+/// forward sweep, and kept.)
 inline void gdn_bwd_decays(tensor_view<const float, 2> g, tensor_view<const float, 2> beta, std::int64_t t, std::int64_t hv,
                            std::int64_t n, gdn_bwd_scratch& w) {
     gdn_cumsum_tile(g, t, hv, n, w.gamma.data());
@@ -326,13 +350,19 @@ inline void gdn_bwd_decays(tensor_view<const float, 2> g, tensor_view<const floa
         w.eg[static_cast<std::size_t>(i)] = decay_factor(w.gamma[static_cast<std::size_t>(i)]);
         w.bet[static_cast<std::size_t>(i)] = beta(t + i, hv);
     }
-    gdn_decay_mask_tile(g, t, hv, n, w.gm);
 }
 
-/// Forward sweep, one chunk: from the state S entering it, stores S, KG = strict_lower(K Kᵀ ⊙ Γ) and U = (I + A)⁻¹ R,
-/// R = diag(β)(V − (K ⊙ e^γ) S), into slot i of the store, then advances S to the state leaving the chunk.
-inline void gdn_bwd_forward_chunk(Eigen::Map<row_matrix> S, const_row_map K, const_row_map V, std::int64_t i, std::int64_t n,
-                                  gdn_bwd_scratch& w) {
+/// Forward sweep, one chunk (rows [t, t + n) of value head hv): from the state S entering it, stores S, Γ,
+/// KG = strict_lower(K Kᵀ ⊙ Γ) and U = (I + A)⁻¹ R, R = diag(β)(V − (K ⊙ e^γ) S), into slot i of the store, then advances S
+/// to the state leaving the chunk.
+inline void gdn_bwd_forward_chunk(Eigen::Map<row_matrix> S, tensor_view<const float, 2> g, std::int64_t t, std::int64_t hv,
+                                  const_row_map K_in, const_row_map V, std::int64_t i, std::int64_t n, gdn_bwd_scratch& w) {
+    // The chunk's keys gathered into contiguous rows: rows of one head in a [n_rows, H, d] tensor lie H·d floats apart,
+    // a power-of-two stride whose rows fall into the same cache sets.
+    w.kc.topRows(n) = K_in;
+    const const_row_map K(w.kc.data(), n, w.dk, Eigen::OuterStride<>(w.dk));
+    gdn_decay_mask_tile(g, t, hv, n, w.gm);
+    w.GM_of(i, n) = w.gm.topLeftCorner(n, n);
     w.S_of(i) = S;
     row_map KG = w.KG_of(i, n), U = w.U_of(i, n);
     row_map A(w.a.data(), n, n, Eigen::OuterStride<>(w.a.cols()));
@@ -355,9 +385,10 @@ inline void gdn_bwd_forward_chunk(Eigen::Map<row_matrix> S, const_row_map K, con
 /// Backward sweep, one chunk (slot i of the store; w.ds holds dS', the gradient of the state leaving the chunk, and
 /// becomes the gradient of the state entering it). Writes the chunk's dV into dV, and dQ, dK (of this value head), dβ and
 /// dg into w.dqc, w.dkc, w.dbet and w.dgam.
-inline void gdn_bwd_backward_chunk(const_row_map Q, const_row_map K, const_row_map V, const_row_map dO, float scale, std::int64_t i,
-                                   std::int64_t n, row_map dV, gdn_bwd_scratch& w) {
+inline void gdn_bwd_backward_chunk(const_row_map Q_in, const_row_map K_in, const_row_map V, const_row_map dO_in, float scale,
+                                   std::int64_t i, std::int64_t n, row_map dV, gdn_bwd_scratch& w) {
     const auto sz = [](std::int64_t x) { return static_cast<std::size_t>(x); };
+    w.gm.topLeftCorner(n, n) = w.GM_of(i, n);
     const Eigen::Map<row_matrix> S = w.S_of(i);
     row_map U = w.U_of(i, n), KG = w.KG_of(i, n);
     const std::int64_t last = n - 1, dk = w.dk;
@@ -367,6 +398,12 @@ inline void gdn_bwd_backward_chunk(const_row_map Q, const_row_map K, const_row_m
     row_map Y(w.y.data(), 2 * n, w.dv, Eigen::OuterStride<>(w.dv));
     row_map Z(w.z.data(), 2 * n, dk, Eigen::OuterStride<>(dk)), L(w.lhs.data(), 2 * n, dk, Eigen::OuterStride<>(dk));
     auto dR = Y.bottomRows(n);
+    // Q, K and dO gathered into contiguous rows (see gdn_bwd_forward_chunk); dO is the top half of Y.
+    w.qc.topRows(n) = Q_in;
+    w.kc.topRows(n) = K_in;
+    Y.topRows(n) = dO_in;
+    const const_row_map Q(w.qc.data(), n, dk, Eigen::OuterStride<>(dk)), K(w.kc.data(), n, dk, Eigen::OuterStride<>(dk)),
+        dO(Y.data(), n, w.dv, Eigen::OuterStride<>(w.dv));
     // P = scale·tril(Q Kᵀ) ⊙ Γ; dP = tril(dO Uᵀ); A = diag(β) KG.
     w.kk.topLeftCorner(n, n).triangularView<Eigen::Lower>() = Q * K.transpose();
     dP.triangularView<Eigen::Lower>() = dO * U.transpose();
@@ -377,7 +414,6 @@ inline void gdn_bwd_backward_chunk(const_row_map Q, const_row_map K, const_row_m
         w.kl.row(r) = w.gm(last, r) * K.row(r);
     }
     // dU = Pᵀ dO + (K ⊙ Γ_last) dS' (into the dR rows of Y), then dR = (I + A)⁻ᵀ dU; U dS'ᵀ for dK and dγ.
-    Y.topRows(n) = dO;
     dR.noalias() = P.triangularView<Eigen::Lower>().transpose() * dO;
     dR.noalias() += w.kl.topRows(n) * w.ds;
     unit_lower_transposed_solve(as_const(A), row_map(dR.data(), n, w.dv, Eigen::OuterStride<>(w.dv)));
@@ -426,10 +462,11 @@ inline void gdn_bwd_backward_chunk(const_row_map Q, const_row_map K, const_row_m
         dQ.row(r) = (scale * w.eg[sz(r)]) * Z.row(r);
         dK.row(r) = w.gm(last, r) * w.uds.row(r) - (w.bet[sz(r)] * w.eg[sz(r)]) * Z.row(n + r);
     }
+    for (std::int64_t r = 0; r < n; ++r)  // A ← M + Mᵀ (M strictly lower, zero elsewhere)
+        for (std::int64_t c = 0; c < r; ++c) A(c, r) = A(r, c);
     dQ.noalias() += P.triangularView<Eigen::Lower>() * K;
     dK.noalias() += P.triangularView<Eigen::Lower>().transpose() * Q;
-    dK.noalias() += A.triangularView<Eigen::StrictlyLower>() * K;
-    dK.noalias() += A.triangularView<Eigen::StrictlyLower>().transpose() * K;
+    dK.noalias() += A * K;  // one dense product beats two triangular ones at chunk sizes
     for (std::int64_t r = 0; r < n; ++r) dV.row(r) = w.bet[sz(r)] * dR.row(r);
     // dS = e^{γ_last} dS' + [scale·Q ⊙ e^γ ; −K ⊙ β e^γ]ᵀ [dO; dR].
     for (std::int64_t r = 0; r < n; ++r) {
@@ -480,16 +517,14 @@ void gated_delta_rule_chunked_backward(const Backend& be, const seq_batch& batch
     detail::aligned_floats stage(staged ? static_cast<std::size_t>(2 * n * Hv * Dk) : 0);
     const tensor_view<float, 3> dq_v(stage.data(), {n, Hv, Dk}), dk_v(stage.data() + n * Hv * Dk, {n, Hv, Dk});
     detail::for_each_chunked_seq_head(be, chunks, Hv, [&](std::int64_t b, std::int64_t e, auto item) {
-        const std::int64_t W = std::max<std::int64_t>(chunks.width(), 1);
-        detail::gdn_bwd_scratch w(W, Dk, Dv);
-        detail::row_matrix dv_dump(dv.data ? 0 : W, Dv);
+        detail::gdn_bwd_scratch& w = detail::gdn_bwd_workspace(std::max<std::int64_t>(chunks.width(), 1), Dk, Dv);
         for (std::int64_t it = b; it < e; ++it) {
             const auto [s, hv] = item(it);
             const std::int64_t hk = hv / r, slot = batch.slots[static_cast<std::size_t>(s)];
             const std::int64_t c0 = chunks.first_chunk(s), nc = chunks.first_chunk(s + 1) - c0;
             w.reserve_chunks(nc);
             // Forward sweep: the state entering every chunk, U and K Kᵀ ⊙ Γ.
-            detail::row_matrix S(Dk, Dv);
+            detail::row_matrix& S = w.s_run;
             if (state0.data)
                 S = Eigen::Map<const detail::row_matrix>(&state0(slot, hv, 0, 0), Dk, Dv);
             else
@@ -498,7 +533,7 @@ void gated_delta_rule_chunked_backward(const Backend& be, const seq_batch& batch
             for (std::int64_t ci = 0; ci < nc; ++ci) {
                 const std::int64_t t = chunks.row(c0 + ci), len = chunks.length(c0 + ci);
                 detail::gdn_bwd_decays(g, beta, t, hv, len, w);
-                detail::gdn_bwd_forward_chunk(Sm, detail::rows_of(k, t, hk, len), detail::rows_of(v, t, hv, len), ci, len, w);
+                detail::gdn_bwd_forward_chunk(Sm, g, t, hv, detail::rows_of(k, t, hk, len), detail::rows_of(v, t, hv, len), ci, len, w);
             }
             // Backward sweep, last chunk first, dS' = 0 after the last token.
             w.ds.setZero();
@@ -506,7 +541,7 @@ void gated_delta_rule_chunked_backward(const Backend& be, const seq_batch& batch
                 const std::int64_t t = chunks.row(c0 + ci), len = chunks.length(c0 + ci);
                 detail::gdn_bwd_decays(g, beta, t, hv, len, w);
                 const detail::row_map dV = dv.data ? detail::rows_of(dv, t, hv, len)
-                                                   : detail::row_map(dv_dump.data(), len, Dv, Eigen::OuterStride<>(Dv));
+                                                   : detail::row_map(w.dvc.data(), len, Dv, Eigen::OuterStride<>(Dv));
                 detail::gdn_bwd_backward_chunk(detail::rows_of(q, t, hk, len), detail::rows_of(k, t, hk, len),
                                                detail::rows_of(v, t, hv, len), detail::rows_of(d_o, t, hv, len), scale, ci, len, dV, w);
                 for (std::int64_t j = 0; j < len; ++j) {

@@ -365,17 +365,25 @@ public:
             throw shape_error(std::string(who) + ": train_cache was filled by forward_train on another batch (" +
                               std::to_string(tc.n_rows) + " rows, " + std::to_string(tc.starts.size()) + " sequences; this batch has " +
                               std::to_string(N) + " rows, " + std::to_string(batch.n_seq()) + " sequences)");
-        tc.q.view<3>().require_shape({N, H, dh}, who, "train_cache.q");  // a cache of another layer shape
+        const bool qkn = cfg_.qk_norm.mode != qk_norm_mode::none;
+        tc.qproj.view<2>().require_shape({N, qr}, who, "train_cache.qproj");  // a cache of another layer shape
+        if (qkn) tc.kproj.view<2>().require_shape({N, kr}, who, "train_cache.kproj");
+        tc.q.view<3>().require_shape({N, H, dh}, who, "train_cache.q");
         tc.k.view<3>().require_shape({N, Hkv, dh}, who, "train_cache.k");
         x.require_shape({N, d}, who, "x");
         dy.require_shape({N, d}, who, "dy");
         dx.require_shape({N, d}, who, "dx");
         g.validate(cfg_);
         if (N == 0) return;
-        const bool qkn = cfg_.qk_norm.mode != qk_norm_mode::none;
 
         // 1. o_proj: da = dy · W_o (rows outside sequences dropped), dW_o += dyᵀ · a with a = o ⊙ σ(gate) recomputed.
-        tensor<float>&a = tc.ws_a, &da = tc.ws_da, &dqproj = tc.ws_dqproj, &dq = tc.ws_dq, &dk = tc.ws_dk, &dv = tc.ws_dv, &dxt = tc.ws_dx;
+        tensor<float>& a = tc.ws_a;
+        tensor<float>& da = tc.ws_da;
+        tensor<float>& dqproj = tc.ws_dqproj;
+        tensor<float>& dq = tc.ws_dq;
+        tensor<float>& dk = tc.ws_dk;
+        tensor<float>& dv = tc.ws_dv;
+        tensor<float>& dxt = tc.ws_dx;
         ensure(a, {N, H, dh});
         ensure(da, {N, H, dh});
         ensure(dqproj, {N, qr});

@@ -2,14 +2,18 @@
 // over [q | k | v], L2-normalised q/k, gates g and β, the gated delta rule (kernels/gated_delta.hpp), gated RMSNorm
 // (norm-then-gate per head) and the output projection. Weights follow Hugging Face Qwen3.5 `linear_attn` names;
 // fla's separate q/k/v projections and convs map onto in_proj_qkv / conv1d_weight by concatenating rows [q | k | v].
+// Training (issue 8): forward_train saves O(T·d) activations, backward runs the ops' backwards in reverse order.
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -24,10 +28,15 @@
 #include "hymix/kernels/gated_delta.hpp"
 #include "hymix/kernels/linear.hpp"
 #include "hymix/ops/conv1d.hpp"
+#include "hymix/ops/conv1d_backward.hpp"
 #include "hymix/ops/elementwise.hpp"
 #include "hymix/ops/gated_delta.hpp"
+#include "hymix/ops/gated_delta_backward.hpp"
+#include "hymix/ops/gates_backward.hpp"
 #include "hymix/ops/linear.hpp"
+#include "hymix/ops/linear_backward.hpp"
 #include "hymix/ops/norm.hpp"
+#include "hymix/ops/norm_backward.hpp"
 #include "hymix/mixer/concepts.hpp"
 
 namespace hymix {
@@ -101,6 +110,41 @@ struct gated_deltanet_weights {
         need(A_log, {c.n_v_heads}, "A_log");
         need(norm_weight, {c.d_v}, "norm_weight");
         need(out_proj, {c.d_model, c.value_dim()}, "out_proj");
+    }
+
+    /// Every present tensor with its Hugging Face name relative to the layer (Qwen3.5 `linear_attn.*`), in a fixed
+    /// order: f(std::string_view name, tensor<float>& t). conv1d.weight is held [conv_dim, K] (the checkpoint's
+    /// [conv_dim, 1, K] without its unit axis).
+    template <class F>
+    void for_each(F&& f) {
+        for (const auto& [name, field] : fields())
+            if ((this->*field).rank() > 0) f(std::string_view(name), this->*field);
+    }
+    template <class F>
+    void for_each(F&& f) const {
+        for (const auto& [name, field] : fields())
+            if ((this->*field).rank() > 0) f(std::string_view(name), this->*field);
+    }
+
+    /// Weights of the same shapes, all zero (gradient accumulators).
+    gated_deltanet_weights zeros_like() const {
+        gated_deltanet_weights z;
+        for (const auto& [name, field] : fields())
+            if ((this->*field).rank() > 0) z.*field = tensor<float>((this->*field).shape());
+        return z;
+    }
+
+    /// The tensors and their names, in for_each's order.
+    static constexpr std::array<std::pair<const char*, tensor<float> gated_deltanet_weights::*>, 9> fields() {
+        return {{{"in_proj_qkv.weight", &gated_deltanet_weights::in_proj_qkv},
+                 {"in_proj_z.weight", &gated_deltanet_weights::in_proj_z},
+                 {"in_proj_b.weight", &gated_deltanet_weights::in_proj_b},
+                 {"in_proj_a.weight", &gated_deltanet_weights::in_proj_a},
+                 {"conv1d.weight", &gated_deltanet_weights::conv1d_weight},
+                 {"dt_bias", &gated_deltanet_weights::dt_bias},
+                 {"A_log", &gated_deltanet_weights::A_log},
+                 {"norm.weight", &gated_deltanet_weights::norm_weight},
+                 {"out_proj.weight", &gated_deltanet_weights::out_proj}}};
     }
 
     /// Random weights with the Qwen3.5 initialisation (spec.md §4.5): linears N(0, 0.02), dt_bias = 1,
@@ -209,6 +253,8 @@ public:
 
     const gated_deltanet_config& config() const noexcept { return cfg_; }
     const gated_deltanet_weights& weights() const noexcept { return w_; }
+    /// Mutable weights for the optimizer. The layer caches nothing derived from them.
+    gated_deltanet_weights& weights_mut() noexcept { return w_; }
 
     /// A zeroed state with n_slots slots: ssm [S, H_v, d_k, d_v], conv [S, conv_dim, K−1].
     gated_deltanet_state make_state(std::int64_t n_slots) const {
@@ -241,6 +287,37 @@ public:
         std::optional<validated_batch> tmp;
         run(be, st, as_validated(batch, st.n_slots(), tmp), x, y, true);
     }
+
+    // ---- Training (issue 8): forward_train saves activations, backward runs the ops' backwards in reverse order. ----
+
+    /// What forward_train saves for backward, per token: 2·conv_dim + 3·value_dim + 4·H_v floats (O(T·d); the chunk
+    /// states of the delta rule, O(T·d_k·d_v / C), are recomputed by its backward). Buffers grow and are reused.
+    struct train_cache {
+        std::int64_t n_rows = 0;
+        std::vector<float> qkv;          // [n, conv_dim]     projection x W_qkvᵀ (the conv's input), token-major
+        std::vector<float> qkvc;         // [n · conv_dim]    conv + SiLU (+ L2 on q, k): head-major blocks, as forward
+        std::vector<float> z;            // [n, value_dim]    gate projection x W_zᵀ
+        std::vector<float> a_raw, b_raw; // [n, H_v]          x W_aᵀ, x W_bᵀ
+        std::vector<float> g, beta;      // [n, H_v]          log-decay and β
+        std::vector<float> o;            // [H_v, n, d_v]     delta-rule output, head-major
+        std::vector<float> on;           // [n, value_dim]    gated norm output (out_proj's input)
+    };
+
+    /// Training forward from zero initial states (conv and recurrent) over the sequences of `batch` (packed; slots are
+    /// ignored: every sequence runs). x, y [n_rows, d]; rows outside every sequence get y = 0. Saves into tc what
+    /// backward needs. Throws shape_error on mismatched shapes or overlapping sequences.
+    template <host_backend B>
+    void forward_train(const B& be, const seq_batch& batch, tensor_view<const float, 2> x, tensor_view<float, 2> y,
+                       train_cache& tc) const;
+
+    /// Backward of forward_train: dy [n_rows, d] the gradient of y; dx [n_rows, d] overwritten (0 outside sequences);
+    /// parameter gradients accumulated (+=) into g (made by weights().zeros_like()). x is the forward's input and tc what
+    /// it saved. Order: out_proj → gated norm → gated delta rule → gates (a, b, dt_bias, A_log) → conv1d + SiLU + L2 of
+    /// q/k → the four input projections. Throws shape_error on mismatched shapes.
+    template <host_backend B>
+    void backward(const B& be, const seq_batch& batch, const train_cache& tc, tensor_view<const float, 2> x,
+                  tensor_view<const float, 2> dy, tensor_view<float, 2> dx, gated_deltanet_weights& g) const;
+
 
 private:
     template <host_backend B>
@@ -335,6 +412,219 @@ private:
     gated_deltanet_config cfg_;
     gated_deltanet_weights w_;
 };
+
+// ---- Training forward and backward ----------------------------------------------------------------------------
+
+namespace detail {
+
+/// 1 for rows that belong to some sequence of b (slots ignored), else 0.
+inline std::vector<unsigned char> gdn_covered_rows(const seq_batch& b) {
+    std::vector<unsigned char> keep(static_cast<std::size_t>(std::max<std::int64_t>(b.n_rows, 0)), 0);
+    for (std::int64_t s = 0; s < b.n_seq(); ++s)
+        std::fill_n(keep.begin() + b.starts[static_cast<std::size_t>(s)], b.lengths[static_cast<std::size_t>(s)], static_cast<unsigned char>(1));
+    return keep;
+}
+
+/// The batch of a training call: the same rows, sequence i in slot i (training ignores slots and starts from zeros).
+/// Throws shape_error on ranges outside the rows or overlapping sequences.
+inline seq_batch gdn_train_batch(const seq_batch& b) {
+    seq_batch t = b;
+    for (std::size_t i = 0; i < t.slots.size(); ++i) t.slots[i] = static_cast<std::int64_t>(i);
+    t.validate();
+    return t;
+}
+
+/// Per-thread scratch of the training calls (grown to the largest call, reused).
+inline std::vector<float>& gdn_train_workspace() {
+    thread_local std::vector<float> ws;
+    return ws;
+}
+
+/// The head-major blocks of a prefill [q heads | k heads | v heads] buffer: block i's first channel in [q | k | v] and
+/// its width.
+struct gdn_blocks {
+    std::int64_t Hk, Hv, dk, dv;
+    std::int64_t count() const { return 2 * Hk + Hv; }
+    std::int64_t col(std::int64_t i) const { return i < 2 * Hk ? i * dk : 2 * Hk * dk + (i - 2 * Hk) * dv; }
+    std::int64_t width(std::int64_t i) const { return i < 2 * Hk ? dk : dv; }
+};
+
+}  // namespace detail
+
+template <host_backend B>
+void gated_deltanet::forward_train(const B& be, const seq_batch& batch, tensor_view<const float, 2> x, tensor_view<float, 2> y,
+                                   train_cache& tc) const {
+    const auto& c = cfg_;
+    x.require_shape({batch.n_rows, c.d_model}, "gated_deltanet::forward_train: x [n_rows, d_model]");
+    y.require_shape({batch.n_rows, c.d_model}, "gated_deltanet::forward_train: y [n_rows, d_model]");
+    const seq_batch tb = detail::gdn_train_batch(batch);
+    const std::int64_t n = batch.n_rows, Hk = c.n_k_heads, Hv = c.n_v_heads, dk = c.d_k, dv = c.d_v, K = c.d_conv;
+    const std::int64_t CD = c.conv_dim(), VD = c.value_dim();
+    const auto grow = [](std::vector<float>& v, std::int64_t m) {
+        if (static_cast<std::int64_t>(v.size()) < m) v.resize(static_cast<std::size_t>(m));
+    };
+    tc.n_rows = n;
+    grow(tc.qkv, n * CD);
+    grow(tc.qkvc, n * CD);
+    grow(tc.z, n * VD);
+    for (auto* v : {&tc.a_raw, &tc.b_raw, &tc.g, &tc.beta}) grow(*v, n * Hv);
+    grow(tc.o, n * VD);
+    grow(tc.on, n * VD);
+    if (n == 0) return;
+    const auto keep = detail::gdn_covered_rows(tb);
+    const tensor_view<float, 2> qkv(tc.qkv.data(), {n, CD}), z(tc.z.data(), {n, VD}), araw(tc.a_raw.data(), {n, Hv}),
+        braw(tc.b_raw.data(), {n, Hv}), g(tc.g.data(), {n, Hv}), beta(tc.beta.data(), {n, Hv}), on(tc.on.data(), {n, VD});
+    // 1. Projections; rows outside every sequence are zeroed so nothing there (padding, NaN) reaches the gradients.
+    ops::linear(be, x, w_.in_proj_qkv.view<2>(), nullptr, qkv);
+    ops::linear(be, x, w_.in_proj_z.view<2>(), nullptr, z);
+    ops::linear(be, x, w_.in_proj_b.view<2>(), nullptr, braw);
+    ops::linear(be, x, w_.in_proj_a.view<2>(), nullptr, araw);
+    for (const auto& t : {qkv, z, braw, araw}) ops::zero_rows(be, t, keep);
+    // 2. Conv + SiLU (+ L2 of q, k heads) from zero conv states into head-major blocks, one problem per (sequence, head).
+    const detail::gdn_blocks blk{Hk, Hv, dk, dv};
+    {
+        std::vector<ops::conv_problem<>> convs;
+        for (std::int64_t s = 0; s < tb.n_seq(); ++s) {
+            const std::int64_t r0 = tb.starts[static_cast<std::size_t>(s)], len = tb.lengths[static_cast<std::size_t>(s)];
+            if (len == 0) continue;
+            for (std::int64_t i = 0; i < blk.count(); ++i) {
+                const std::int64_t c0 = blk.col(i), cw = blk.width(i);
+                ops::conv_problem<> pr;
+                pr.x = tensor_view<const float, 2>(qkv.data + r0 * CD + c0, {len, cw}, {CD, 1});
+                pr.w = tensor_view<const float, 2>(w_.conv1d_weight.data() + c0 * K, {cw, K});
+                pr.state = nullptr;
+                pr.out = tensor_view<float, 2>(tc.qkvc.data() + n * c0 + r0 * cw, {len, cw});
+                if (i < 2 * Hk) {
+                    pr.l2_group = dk;
+                    pr.l2_channels = dk;
+                    pr.l2_eps = c.l2_eps;
+                }
+                convs.push_back(pr);
+            }
+        }
+        ops::causal_conv1d(be, std::span<const ops::conv_problem<>>(convs), kernels::conv_activation::silu);
+    }
+    // 3. Gates.
+    ops::gdn_gates(be, tensor_view<const float, 2>(araw), tensor_view<const float, 2>(braw), w_.dt_bias.data(), w_.A_log.data(),
+                   c.decay_floor, c.allow_neg_eigval, g, beta);
+    // 4. The delta rule from zero states (the final states go to scratch and are dropped).
+    auto& ws = detail::gdn_train_workspace();
+    const std::int64_t S = std::max<std::int64_t>(tb.n_seq(), 1), ssz = S * Hv * dk * dv;
+    if (static_cast<std::int64_t>(ws.size()) < ssz) ws.resize(static_cast<std::size_t>(ssz));
+    std::fill_n(ws.begin(), ssz, 0.f);
+    const float* qkvc = tc.qkvc.data();
+    tensor_view<const float, 3> q(qkvc + n * blk.col(0), {n, Hk, dk}, {dk, n * dk, 1});
+    tensor_view<const float, 3> k(qkvc + n * blk.col(Hk), {n, Hk, dk}, {dk, n * dk, 1});
+    tensor_view<const float, 3> v(qkvc + n * blk.col(2 * Hk), {n, Hv, dv}, {dv, n * dv, 1});
+    const tensor_view<float, 3> ov(tc.o.data(), {n, Hv, dv}, {dv, n * dv, 1});
+    ops::gated_delta_chunked(be, tb, q, k, v, tensor_view<const float, 2>(g), tensor_view<const float, 2>(beta),
+                             1.f / std::sqrt(static_cast<float>(dk)), tensor_view<float, 4>(ws.data(), {S, Hv, dk, dv}), ov,
+                             c.chunk_size);
+    // 5. Gated RMSNorm (norm-then-gate per head), token-major.
+    ops::gated_rms_norm(be, tensor_view<const float, 3>(ov), tensor_view<const float, 3>(z.data, {n, Hv, dv}), w_.norm_weight.data(), dv,
+                        kernels::gate_order::norm_then_gate, c.norm_eps, tensor_view<float, 3>(on.data, {n, Hv, dv}));
+    ops::zero_rows(be, on, keep);
+    // 6. Output projection.
+    ops::linear(be, tensor_view<const float, 2>(on), w_.out_proj.view<2>(), nullptr, y);
+    ops::zero_rows(be, y, keep);
+}
+
+template <host_backend B>
+void gated_deltanet::backward(const B& be, const seq_batch& batch, const train_cache& tc, tensor_view<const float, 2> x,
+                              tensor_view<const float, 2> dy, tensor_view<float, 2> dx, gated_deltanet_weights& gw) const {
+    const auto& c = cfg_;
+    const std::int64_t n = batch.n_rows, Hk = c.n_k_heads, Hv = c.n_v_heads, dk = c.d_k, dv = c.d_v, K = c.d_conv, d = c.d_model;
+    const std::int64_t CD = c.conv_dim(), VD = c.value_dim();
+    x.require_shape({n, d}, "gated_deltanet::backward: x [n_rows, d_model]");
+    dy.require_shape({n, d}, "gated_deltanet::backward: dy [n_rows, d_model]");
+    dx.require_shape({n, d}, "gated_deltanet::backward: dx [n_rows, d_model]");
+    if (tc.n_rows != n)
+        throw shape_error("gated_deltanet::backward: the train_cache holds " + std::to_string(tc.n_rows) + " rows, the batch has " +
+                          std::to_string(n) + " (run forward_train on this batch first)");
+    gw.validate(c);
+    const seq_batch tb = detail::gdn_train_batch(batch);
+    if (n == 0) return;
+    const auto keep = detail::gdn_covered_rows(tb);
+    // Scratch: masked dy, dL/d(on), dL/do (head-major), dz, dL/d(qkvc) (head-major), dL/d(qkv), dg, dβ, da, db, and one
+    // [n, d] buffer for the input-gradient partials.
+    auto& ws = detail::gdn_train_workspace();
+    const std::int64_t need = 2 * n * d + 3 * n * VD + 2 * n * CD + 4 * n * Hv;
+    if (static_cast<std::int64_t>(ws.size()) < need) ws.resize(static_cast<std::size_t>(need));
+    float* p = ws.data();
+    const auto take = [&](std::int64_t m) {
+        float* r = p;
+        p += m;
+        return r;
+    };
+    const tensor_view<float, 2> dym(take(n * d), {n, d}), tmp(take(n * d), {n, d}), don(take(n * VD), {n, VD}), dz(take(n * VD), {n, VD});
+    float* d_o = take(n * VD);
+    float* dqkvc = take(n * CD);
+    const tensor_view<float, 2> dqkv(take(n * CD), {n, CD}), dg(take(n * Hv), {n, Hv}), dbeta(take(n * Hv), {n, Hv}),
+        da(take(n * Hv), {n, Hv}), db(take(n * Hv), {n, Hv});
+    // Saved activations.
+    const detail::gdn_blocks blk{Hk, Hv, dk, dv};
+    const float* qkvc = tc.qkvc.data();
+    const tensor_view<const float, 2> qkv(tc.qkv.data(), {n, CD}), z(tc.z.data(), {n, VD}), araw(tc.a_raw.data(), {n, Hv}),
+        braw(tc.b_raw.data(), {n, Hv}), g(tc.g.data(), {n, Hv}), beta(tc.beta.data(), {n, Hv}), on(tc.on.data(), {n, VD});
+    const tensor_view<const float, 3> ov(tc.o.data(), {n, Hv, dv}, {dv, n * dv, 1});
+    // 1. dy outside every sequence is ignored (y was zeroed there).
+    ops::copy(be, tensor_view<const float, 3>(dy.data, {n, 1, d}, {dy.strides[0], d, 1}), tensor_view<float, 3>(dym.data, {n, 1, d}));
+    ops::zero_rows(be, dym, keep);
+    // 2. out_proj.
+    ops::linear_backward(be, on, w_.out_proj.view<2>(), tensor_view<const float, 2>(dym), don, gw.out_proj.view<2>(), nullptr);
+    // 3. Gated norm (norm-then-gate per head): dL/do (head-major, as the delta rule wrote o) and dz.
+    const tensor_view<float, 3> d_ov(d_o, {n, Hv, dv}, {dv, n * dv, 1});
+    ops::gated_rms_norm_backward(be, ov, tensor_view<const float, 3>(z.data, {n, Hv, dv}), w_.norm_weight.data(), dv,
+                                 kernels::gate_order::norm_then_gate, c.norm_eps, tensor_view<const float, 3>(don.data, {n, Hv, dv}), d_ov,
+                                 tensor_view<float, 3>(dz.data, {n, Hv, dv}), gw.norm_weight.data());
+    ops::zero_rows(be, dz, keep);
+    // 4. The delta rule (zero initial states; chunk states recomputed): dq, dk, dv into head-major blocks, dg, dβ.
+    ops::gated_delta_chunked_backward(
+        be, tb, tensor_view<const float, 3>(qkvc + n * blk.col(0), {n, Hk, dk}, {dk, n * dk, 1}),
+        tensor_view<const float, 3>(qkvc + n * blk.col(Hk), {n, Hk, dk}, {dk, n * dk, 1}),
+        tensor_view<const float, 3>(qkvc + n * blk.col(2 * Hk), {n, Hv, dv}, {dv, n * dv, 1}), g, beta,
+        1.f / std::sqrt(static_cast<float>(dk)), tensor_view<const float, 4>(), tensor_view<const float, 3>(d_ov),
+        tensor_view<float, 3>(dqkvc + n * blk.col(0), {n, Hk, dk}, {dk, n * dk, 1}),
+        tensor_view<float, 3>(dqkvc + n * blk.col(Hk), {n, Hk, dk}, {dk, n * dk, 1}),
+        tensor_view<float, 3>(dqkvc + n * blk.col(2 * Hk), {n, Hv, dv}, {dv, n * dv, 1}), dg, dbeta, tensor_view<float, 4>(), c.chunk_size);
+    // 5. Gates: da, db and the parameter gradients of dt_bias and A_log.
+    ops::gdn_gates_backward(be, araw, braw, w_.dt_bias.data(), w_.A_log.data(), c.decay_floor, c.allow_neg_eigval,
+                            tensor_view<const float, 2>(dg), tensor_view<const float, 2>(dbeta), da, db, gw.dt_bias.data(), gw.A_log.data());
+    // 6. Conv + SiLU + L2 (the pre-activation is recomputed from the saved conv input): dqkv and the conv weight gradient.
+    {
+        std::vector<ops::conv_backward_problem<>> convs;
+        for (std::int64_t s = 0; s < tb.n_seq(); ++s) {
+            const std::int64_t r0 = tb.starts[static_cast<std::size_t>(s)], len = tb.lengths[static_cast<std::size_t>(s)];
+            if (len == 0) continue;
+            for (std::int64_t i = 0; i < blk.count(); ++i) {
+                const std::int64_t c0 = blk.col(i), cw = blk.width(i);
+                ops::conv_backward_problem<> pr;
+                pr.x = tensor_view<const float, 2>(qkv.data + r0 * CD + c0, {len, cw}, {CD, 1});
+                pr.w = tensor_view<const float, 2>(w_.conv1d_weight.data() + c0 * K, {cw, K});
+                pr.dout = tensor_view<const float, 2>(dqkvc + n * c0 + r0 * cw, {len, cw});
+                pr.dx = tensor_view<float, 2>(dqkv.data + r0 * CD + c0, {len, cw}, {CD, 1});
+                pr.dw = tensor_view<float, 2>(gw.conv1d_weight.data() + c0 * K, {cw, K});
+                if (i < 2 * Hk) {
+                    pr.l2_group = dk;
+                    pr.l2_channels = dk;
+                    pr.l2_eps = c.l2_eps;
+                }
+                convs.push_back(pr);
+            }
+        }
+        ops::causal_conv1d_backward(be, std::span<const ops::conv_backward_problem<>>(convs), kernels::conv_activation::silu);
+    }
+    ops::zero_rows(be, dqkv, keep);
+    // 7. The input projections: dx = dqkv W_qkv + dz W_z + db W_b + da W_a; their weight gradients.
+    ops::linear_backward(be, x, w_.in_proj_qkv.view<2>(), tensor_view<const float, 2>(dqkv), dx, gw.in_proj_qkv.view<2>(), nullptr);
+    const std::pair<tensor_view<float, 2>, const tensor<float>*> rest[] = {{dz, &w_.in_proj_z}, {db, &w_.in_proj_b}, {da, &w_.in_proj_a}};
+    tensor<float>* grads[] = {&gw.in_proj_z, &gw.in_proj_b, &gw.in_proj_a};
+    for (std::size_t i = 0; i < 3; ++i) {
+        ops::linear_backward(be, x, rest[i].second->view<2>(), tensor_view<const float, 2>(rest[i].first), tmp, grads[i]->view<2>(), nullptr);
+        ops::add_rows(be, dx, tensor_view<const float, 2>(tmp), keep);
+    }
+    ops::zero_rows(be, dx, keep);
+}
 
 static_assert(mixer<gated_deltanet, cpu_backend>);
 static_assert(mixer<gated_deltanet, reference_backend>);

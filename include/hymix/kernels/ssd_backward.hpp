@@ -21,6 +21,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -205,11 +206,22 @@ struct ssd_bwd_scratch {
     Eigen::RowVectorXf cols;                        // [W] column sums
     ssd_row_matrix CB, E, M, dM, dCB;               // [W, W]
     ssd_row_matrix U, dU;                           // [W, P]
-    ssd_row_matrix T1, T2, Bw, dCt, dBt;            // [W, N]
-    ssd_bwd_scratch(std::int64_t W, std::int64_t P, std::int64_t N)
+    ssd_row_matrix T1, Bw, dCt;                     // [W, N]
+    ssd_row_matrix UW;                              // [W, hpg·P] diag(w) U of every head of the group, side by side
+    ssd_bwd_scratch(std::int64_t W, std::int64_t P, std::int64_t N, std::int64_t hpg)
         : alpha(static_cast<std::size_t>(W)), dalpha(static_cast<std::size_t>(W)), dtl(W), eal(W), wl(W), rows(W), dvec(P),
           cols(W), CB(W, W), E(W, W), M(W, W), dM(W, W), dCB(W, W), U(W, P),
-          dU(W, P), T1(W, N), T2(W, N), Bw(W, N), dCt(W, N), dBt(W, N) {}
+          dU(W, P), T1(W, N), Bw(W, N), dCt(W, N), UW(W, hpg * P), dims{W, P, N, hpg} {}
+    /// The calling thread's scratch for these sizes, kept between calls (a phase-2 task never runs another one
+    /// inside it, so one per thread suffices; megabytes of fresh pages per call would cost page faults).
+    static ssd_bwd_scratch& for_thread(std::int64_t W, std::int64_t P, std::int64_t N, std::int64_t hpg) {
+        thread_local std::unique_ptr<ssd_bwd_scratch> s;
+        if (!s || s->dims != std::array<std::int64_t, 4>{W, P, N, hpg}) s = std::make_unique<ssd_bwd_scratch>(W, P, N, hpg);
+        return *s;
+    }
+
+private:
+    std::array<std::int64_t, 4> dims;
 };
 
 /// The per-chunk states and state gradients of one backward call: a buffer per calling thread, kept at the largest
@@ -257,50 +269,58 @@ private:
 
 /// Phase 1 of the chunked backward, one (sequence, head): the forward sweep stores the state entering every chunk
 /// (states [n_chunks, H, P, N]); the backward sweep stores the gradient of the state leaving every chunk
-/// (dstates [n_chunks, H, P, N]) and writes dstate0. Two GEMMs of P·N·L per chunk.
+/// (dstates [n_chunks, H, P, N]) and writes dstate0. One GEMM of P·N·L per chunk and sweep; each result is written
+/// straight into its slot (the last chunk's leaving state and, without dstate0, the first chunk's entering-state
+/// gradient are never needed, so never computed).
 inline void ssd_bwd_state_sweep(const ssd_inputs<float>& in, const chunk_layout& chunks, std::int64_t s, std::int64_t h,
                                 const ssd_backward_sequence<float>& seq, tensor_view<const float, 3> dy, float* states,
                                 float* dstates, ssd_scratch& w) {
     const std::int64_t H = in.n_heads(), P = in.head_dim(), N = in.d_state(), PN = P * N, g = h / (H / in.n_groups());
     const std::int64_t k0 = chunks.first_chunk(s), k1 = chunks.first_chunk(s + 1);
-    float* run = w.H0.data();  // [P, N]
-    if (seq.state0)
-        std::copy(seq.state0 + h * PN, seq.state0 + (h + 1) * PN, run);
-    else
-        std::fill(run, run + PN, 0.f);
-    for (std::int64_t k = k0; k < k1; ++k) {
+    const auto slot = [&](float* base, std::int64_t k) { return base + (k * H + h) * PN; };
+    const auto init = [&](float* dst, const float* src) {
+        if (src)
+            std::copy(src + h * PN, src + (h + 1) * PN, dst);
+        else
+            std::fill(dst, dst + PN, 0.f);
+    };
+    if (k0 == k1) {  // no tokens: the final state is the initial state
+        if (seq.dstate0) init(seq.dstate0 + h * PN, seq.dstate_final);
+        return;
+    }
+    init(slot(states, k0), seq.state0);
+    for (std::int64_t k = k0; k + 1 < k1; ++k) {  // H_{k+1} = e^{α_L} H_k + S_k
         const std::int64_t r = chunks.row(k), L = chunks.length(k);
         ssd_cumsum_tile(in, h, r, L, w.alpha.data());
-        std::copy(run, run + PN, states + (k * H + h) * PN);
-        ssd_chunk_state_tile(in, h, r, L, w.alpha.data(), run, true, w);
+        ssd_chunk_state_tile(in, h, r, L, w.alpha.data(), slot(states, k + 1), false, w);
+        ssd_map(slot(states, k + 1), P, N, Eigen::OuterStride<>(N)) +=
+            state_decay(w.alpha[static_cast<std::size_t>(L - 1)]) * ssd_cmap(slot(states, k), P, N, Eigen::OuterStride<>(N));
     }
-    if (seq.dstate_final)
-        std::copy(seq.dstate_final + h * PN, seq.dstate_final + (h + 1) * PN, run);
-    else
-        std::fill(run, run + PN, 0.f);
-    ssd_map dH(run, P, N, Eigen::OuterStride<>(N));
-    for (std::int64_t k = k1 - 1; k >= k0; --k) {
+    init(slot(dstates, k1 - 1), seq.dstate_final);
+    for (std::int64_t k = k1 - 1; k >= k0; --k) {  // dH_k = e^{α_L} dS_k + (diag(e^α) dY)ᵀ C
+        float* out = k > k0 ? slot(dstates, k - 1) : seq.dstate0 ? seq.dstate0 + h * PN : nullptr;
+        if (!out) break;
         const std::int64_t r = chunks.row(k), L = chunks.length(k);
-        std::copy(run, run + PN, dstates + (k * H + h) * PN);
         ssd_cumsum_tile(in, h, r, L, w.alpha.data());
         for (std::int64_t t = 0; t < L; ++t) w.decay[t] = static_cast<float>(std::exp(std::min(w.alpha[static_cast<std::size_t>(t)], 0.0)));
         const ssd_cmap dYm(&dy(r, h, 0), L, P, Eigen::OuterStride<>(dy.strides[0]));
         const ssd_cmap Cm(&in.C(r, g, 0), L, N, Eigen::OuterStride<>(in.C.strides[0]));
         auto Yd = w.Tmp.topRows(L);
         Yd.noalias() = w.decay.head(L).asDiagonal() * dYm;
-        dH *= state_decay(w.alpha[static_cast<std::size_t>(L - 1)]);
-        dH.noalias() += Yd.transpose() * Cm;
+        ssd_map dH(out, P, N, Eigen::OuterStride<>(N));
+        dH.noalias() = Yd.transpose() * Cm;
+        dH += state_decay(w.alpha[static_cast<std::size_t>(L - 1)]) * ssd_cmap(slot(dstates, k), P, N, Eigen::OuterStride<>(N));
     }
-    if (seq.dstate0) std::copy(run, run + PN, seq.dstate0 + h * PN);
 }
 
 /// Phase 2 of the chunked backward, one (chunk k, group g): every gradient on the chunk's rows for the heads of the
-/// group (in head order), from the entering state and the leaving-state gradient of phase 1. dA_part [n_chunks, H] and
+/// group (in head order), from the entering state and the leaving-state gradient of phase 1 (h_zero: the entering
+/// state is a sequence's zero initial state; ds_zero: the leaving state is a sequence's final state without gradient). dA_part [n_chunks, H] and
 /// dD_part [n_chunks, H or H·P] receive this chunk's contributions (reduced over chunks in a fixed order afterwards).
 template <class Arch>
 void ssd_bwd_chunk_group(const ssd_inputs<float>& in, const chunk_layout& chunks, std::int64_t k, std::int64_t g,
-                         tensor_view<const float, 3> dy, const float* states, const float* dstates, const ssd_grads<float>& gr,
-                         double* dA_part, double* dD_part, ssd_bwd_scratch& w) {
+                         tensor_view<const float, 3> dy, const float* states, const float* dstates, bool h_zero, bool ds_zero,
+                         const ssd_grads<float>& gr, double* dA_part, double* dD_part, ssd_bwd_scratch& w) {
     const std::int64_t H = in.n_heads(), P = in.head_dim(), N = in.d_state(), hpg = H / in.n_groups(), PN = P * N;
     const std::int64_t r = chunks.row(k), L = chunks.length(k), nD = in.D_per_channel ? P : 1;
     const ssd_cmap Bm(&in.B(r, g, 0), L, N, Eigen::OuterStride<>(in.B.strides[0]));
@@ -311,11 +331,10 @@ void ssd_bwd_chunk_group(const ssd_inputs<float>& in, const chunk_layout& chunks
     auto dM = w.dM.topLeftCorner(L, L);
     auto dCB = w.dCB.topLeftCorner(L, L);
     auto U = w.U.topRows(L), dU = w.dU.topRows(L);
-    auto T1 = w.T1.topRows(L), T2 = w.T2.topRows(L), Bw = w.Bw.topRows(L), dCt = w.dCt.topRows(L), dBt = w.dBt.topRows(L);
+    auto T1 = w.T1.topRows(L), Bw = w.Bw.topRows(L), dCt = w.dCt.topRows(L), UW = w.UW.topRows(L);
     CB.noalias() = Cm * Bm.transpose();
     dCB.setZero();
     dCt.setZero();
-    dBt.setZero();
     for (std::int64_t h = g * hpg; h < (g + 1) * hpg; ++h) {
         const double A = in.A[h];
         double* alpha = w.alpha.data();
@@ -344,22 +363,32 @@ void ssd_bwd_chunk_group(const ssd_inputs<float>& in, const chunk_layout& chunks
         dM = dM.cwiseProduct(M);
         w.rows.head(L).noalias() = dM.rowwise().sum();
         w.cols.head(L).noalias() = dM.colwise().sum();
-        dU.noalias() = M.template triangularView<Eigen::Lower>().transpose() * dYm;
-        // Chunk state (H' = e^{α_L} H + Σ_j w_j u_j B_jᵀ) and inter-chunk output (e^{α_i} H C_i).
-        Bw.noalias() = w.wl.head(L).asDiagonal() * Bm;
-        dU.noalias() += Bw * dS.transpose();
-        T1.noalias() = dYm * Hk;
-        T2.noalias() = U * dS;
-        double sw = 0;
-        for (std::int64_t i = 0; i < L; ++i) {
-            const double c1 = static_cast<double>(w.eal[i]) * T1.row(i).dot(Cm.row(i));
-            const double c2 = static_cast<double>(w.wl[i]) * T2.row(i).dot(Bm.row(i));
-            da[i] = static_cast<double>(w.rows[i]) - static_cast<double>(w.cols[i]) + c1 - c2;
-            sw += c2;
+        // Chunk state (H' = e^{α_L} H + Σ_j w_j u_j B_jᵀ): du_j = w_j dS B_j, and ∂/∂α_j of w_j's term is
+        // −⟨u_j, du_j⟩ (its dB term, Σ_h diag(w) U dS, is one GEMM over the group below). Inter-chunk output
+        // (e^{α_i} H C_i): dC_i += e^{α_i} (dY H)_i, ∂/∂α_i = e^{α_i} ⟨(dY H)_i, C_i⟩. Both vanish (and are skipped)
+        // when dS, respectively H, is known to be zero.
+        for (std::int64_t i = 0; i < L; ++i) da[i] = static_cast<double>(w.rows[i]) - static_cast<double>(w.cols[i]);
+        if (ds_zero) {
+            dU.setZero();
+        } else {
+            Bw.noalias() = w.wl.head(L).asDiagonal() * Bm;
+            dU.noalias() = Bw * dS.transpose();
+            double sw = 0;
+            for (std::int64_t i = 0; i < L; ++i) {
+                const double c2 = U.row(i).dot(dU.row(i));
+                da[i] -= c2;
+                sw += c2;
+            }
+            da[L - 1] += sw;
+            UW.middleCols((h - g * hpg) * P, P).noalias() = w.wl.head(L).asDiagonal() * U;
         }
-        da[L - 1] += sw + static_cast<double>(state_decay(a_last)) * static_cast<double>((dS.cwiseProduct(Hk)).sum());
-        dCt.noalias() += w.eal.head(L).asDiagonal() * T1;
-        dBt.noalias() += w.wl.head(L).asDiagonal() * T2;
+        if (!h_zero) {
+            T1.noalias() = dYm * Hk;
+            for (std::int64_t i = 0; i < L; ++i) da[i] += static_cast<double>(w.eal[i]) * T1.row(i).dot(Cm.row(i));
+            if (!ds_zero) da[L - 1] += static_cast<double>(state_decay(a_last)) * static_cast<double>((dS.cwiseProduct(Hk)).sum());
+            dCt.noalias() += w.eal.head(L).asDiagonal() * T1;
+        }
+        dU.noalias() += M.template triangularView<Eigen::Lower>().transpose() * dYm;
         // u = Δ x: dx = Δ du + D dy, dΔ = ⟨du, x⟩ + A Σ_{i≥m} dα_i; dA = Σ_m Δ_m Σ_{i≥m} dα_i.
         double acc = 0, dA_k = 0;
         for (std::int64_t t = L - 1; t >= 0; --t) {
@@ -377,9 +406,11 @@ void ssd_bwd_chunk_group(const ssd_inputs<float>& in, const chunk_layout& chunks
             }
         }
         double* dDk = dD_part + (k * H + h) * nD;
-        std::fill(dDk, dDk + nD, 0.0);
-        for (std::int64_t t = 0; t < L; ++t)
-            for (std::int64_t p = 0; p < P; ++p) dDk[in.D_per_channel ? p : 0] += static_cast<double>(dYm(t, p)) * Xm(t, p);
+        w.dvec.transpose() = dYm.cwiseProduct(Xm).colwise().sum();  // Σ_t dy·x per channel
+        if (in.D_per_channel)
+            for (std::int64_t p = 0; p < P; ++p) dDk[p] = w.dvec[p];
+        else
+            dDk[0] = w.dvec.template cast<double>().sum();
     }
     // The group's B and C rows: per-head terms plus the intra-chunk C·Bᵀ gradient summed over the group's heads.
     if (gr.dC.data) {
@@ -389,7 +420,11 @@ void ssd_bwd_chunk_group(const ssd_inputs<float>& in, const chunk_layout& chunks
     }
     if (gr.dB.data) {
         ssd_map dBm(&gr.dB(r, g, 0), L, N, Eigen::OuterStride<>(gr.dB.strides[0]));
-        dBm = dBt;
+        const ssd_cmap dS_group(dstates + (k * H + g * hpg) * PN, hpg * P, N, Eigen::OuterStride<>(N));  // [hpg·P, N]
+        if (ds_zero)
+            dBm.setZero();
+        else
+            dBm.noalias() = UW * dS_group;
         dBm.noalias() += dCB.template triangularView<Eigen::Lower>().transpose() * Cm;
     }
 }
@@ -434,10 +469,14 @@ void ssd_chunked_backward(const Backend& be, const ssd_inputs<float>& in, std::s
 
     std::vector<double> dA_part(static_cast<std::size_t>(n_chunks * H)), dD_part(static_cast<std::size_t>(n_chunks * H * nD));
     be.parallel_for(n_chunks * G, 1, [&](std::int64_t i0, std::int64_t i1) {
-        detail::ssd_bwd_scratch w(W, P, N);
-        for (std::int64_t i = i0; i < i1; ++i)
-            detail::ssd_bwd_chunk_group<Arch>(in, chunks, i / G, i % G, dy, states, dstates, grads, dA_part.data(),
+        detail::ssd_bwd_scratch& w = detail::ssd_bwd_scratch::for_thread(W, P, N, H / G);
+        for (std::int64_t i = i0; i < i1; ++i) {
+            const std::int64_t k = i / G, s = chunks.seq(k);
+            const bool h_zero = k == chunks.first_chunk(s) && !seqs[static_cast<std::size_t>(s)].state0;
+            const bool ds_zero = k + 1 == chunks.first_chunk(s + 1) && !seqs[static_cast<std::size_t>(s)].dstate_final;
+            detail::ssd_bwd_chunk_group<Arch>(in, chunks, k, i % G, dy, states, dstates, h_zero, ds_zero, grads, dA_part.data(),
                                               dD_part.data(), w);
+        }
     });
     for (std::int64_t h = 0; h < H; ++h) {
         if (grads.dA) {

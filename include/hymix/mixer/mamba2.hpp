@@ -1,5 +1,6 @@
 // The Mamba-2 mixer layer (spec.md §3.1–3.5): in_proj → causal conv + SiLU over xBC → Δ → SSD → gated RMSNorm
-// → out_proj, with fp32 SSM and conv states in slots; plus a token-by-token fp64 reference of the whole layer.
+// → out_proj, with fp32 SSM and conv states in slots; its training forward and backward (issue 8: each op's backward
+// in reverse order, chunk states recomputed); plus a token-by-token fp64 reference of the whole layer.
 // Weight names and shapes follow HF Mamba2ForCausalLM's `backbone.layers.{i}.mixer.*` (conv weights stored [C, K]).
 #pragma once
 
@@ -12,6 +13,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "hymix/backend/concepts.hpp"
@@ -22,10 +24,15 @@
 #include "hymix/core/tensor.hpp"
 #include "hymix/kernels/ssd.hpp"
 #include "hymix/ops/conv1d.hpp"
+#include "hymix/ops/conv1d_backward.hpp"
 #include "hymix/ops/elementwise.hpp"
+#include "hymix/ops/gates_backward.hpp"
 #include "hymix/ops/linear.hpp"
+#include "hymix/ops/linear_backward.hpp"
 #include "hymix/ops/norm.hpp"
+#include "hymix/ops/norm_backward.hpp"
 #include "hymix/ops/ssd.hpp"
+#include "hymix/ops/ssd_backward.hpp"
 #include "hymix/mixer/concepts.hpp"
 
 namespace hymix {
@@ -114,6 +121,34 @@ struct mamba2_weights {
     tensor<float> out_proj;       // out_proj.weight [d, d_inner]
     tensor<float> out_proj_bias;  // out_proj.bias   [d]                     (only if proj_bias)
 
+    /// Calls f(name, tensor) for every present (allocated) tensor, with its HF name relative to the mixer
+    /// (`in_proj.weight`, `conv1d.weight`, `A_log`, ...), in the order of the members above.
+    template <class F>
+    void for_each(F&& f) {
+        visit(*this, f);
+    }
+    template <class F>
+    void for_each(F&& f) const {
+        visit(*this, f);
+    }
+
+    /// Zero tensors of the same shapes (absent tensors stay absent): a gradient accumulator.
+    mamba2_weights zeros_like() const {
+        mamba2_weights z;
+        const auto zero = [](const tensor<float>& t) { return t.data() ? tensor<float>(t.shape()) : tensor<float>(); };
+        z.in_proj = zero(in_proj);
+        z.in_proj_bias = zero(in_proj_bias);
+        z.conv1d_weight = zero(conv1d_weight);
+        z.conv1d_bias = zero(conv1d_bias);
+        z.dt_bias = zero(dt_bias);
+        z.A_log = zero(A_log);
+        z.D = zero(D);
+        z.norm_weight = zero(norm_weight);
+        z.out_proj = zero(out_proj);
+        z.out_proj_bias = zero(out_proj_bias);
+        return z;
+    }
+
     /// Throws shape_error naming the first tensor whose shape does not match `cfg`.
     void validate(const mamba2_config& cfg) const {
         const std::int64_t d = cfg.d_model, di = cfg.d_inner(), H = cfg.n_heads, cd = cfg.conv_dim(), np = cfg.d_in_proj();
@@ -168,6 +203,24 @@ struct mamba2_weights {
         fill_uniform(w.out_proj, -1.0 / std::sqrt(double(di)), 1.0 / std::sqrt(double(di)));
         if (cfg.proj_bias) w.out_proj_bias = tensor<float>({d});
         return w;
+    }
+
+private:
+    template <class Self, class F>
+    static void visit(Self& w, F& f) {
+        const auto v = [&](std::string_view name, auto& t) {
+            if (t.data()) f(name, t);
+        };
+        v("in_proj.weight", w.in_proj);
+        v("in_proj.bias", w.in_proj_bias);
+        v("conv1d.weight", w.conv1d_weight);
+        v("conv1d.bias", w.conv1d_bias);
+        v("dt_bias", w.dt_bias);
+        v("A_log", w.A_log);
+        v("D", w.D);
+        v("norm.weight", w.norm_weight);
+        v("out_proj.weight", w.out_proj);
+        v("out_proj.bias", w.out_proj_bias);
     }
 };
 
@@ -234,12 +287,13 @@ public:
     mamba2(mamba2_config cfg, mamba2_weights w) : cfg_(cfg), w_(std::move(w)) {
         cfg_.validate();
         w_.validate(cfg_);
-        A_.resize(static_cast<std::size_t>(cfg_.n_heads));
-        for (std::int64_t h = 0; h < cfg_.n_heads; ++h) A_[h] = -std::exp(w_.A_log[h]);
     }
 
     const mamba2_config& config() const noexcept { return cfg_; }
     const mamba2_weights& weights() const noexcept { return w_; }
+    /// Mutable weights (an optimizer's step). Nothing is derived from them at construction (A = −exp(A_log) is
+    /// computed per call), so changes take effect at the next call; shapes must not change.
+    mamba2_weights& weights_mut() noexcept { return w_; }
     /// A zeroed state with n_slots slots.
     mamba2_state make_state(std::int64_t n_slots) const { return mamba2_state(cfg_, n_slots); }
 
@@ -391,7 +445,8 @@ private:
         kernels::ssd_inputs<float> in;
         in.x = tensor_view<const float, 3>(xbc, {Rp, H, P}, {cd, P, 1});
         in.dt = tensor_view<const float, 2>(dtv, {Rp, H});
-        in.A = A_.data();
+        const std::vector<float> A = A_values();
+        in.A = A.data();
         in.B = tensor_view<const float, 3>(xbc + di, {Rp, G, N}, {cd, N, 1});
         in.C = tensor_view<const float, 3>(xbc + di + G * N, {Rp, G, N}, {cd, N, 1});
         in.D = w_.D.data();
@@ -421,10 +476,262 @@ public:
     /// Frees the calling thread's reusable scratch (it otherwise keeps the size of the largest call seen).
     static void release_scratch() { scratch::release(); }
 
+    // ---- training (issue 8; TRAINING_PLAN.md "The interface the mixers will get") ------------------------------
+
+    /// What forward_train keeps for backward, fp32, reused across calls (it grows to the largest batch seen). Per
+    /// token of the batch's sequences (packed in sequence order): the in_proj output [z | xBC before the conv | raw
+    /// dt] (2·d_inner + 2GN + H), the conv + SiLU output [x | B | C] (d_inner + 2GN), Δ (H) and the SSD output
+    /// before the gated norm (d_inner): 4·d_inner + 4GN + 2H floats, O(T·d). Recomputed in backward instead of
+    /// stored: the gated norm's output (one norm pass) and the SSD chunk states (inside the SSD backward).
+    struct train_cache {
+        std::int64_t n_rows = -1;                    // rows of the batch it was made for (−1: none yet)
+        std::vector<std::int64_t> starts, lengths;   // [n] the sequences (length > 0) in batch order
+        std::vector<std::int64_t> packed;            // [n] each sequence's first packed row
+        std::vector<std::int64_t> rows;              // [Rp] packed row → batch row; empty when the batch is dense
+        std::int64_t packed_rows = 0;                // Rp
+        bool in_place = true;                        // the sequences tile all rows in order: x, y used as they are
+        std::vector<float> zxbcdt;                   // [Rp, 2·d_inner + 2GN + H]
+        std::vector<float> xbc;                      // [Rp, conv_dim]
+        std::vector<float> delta;                    // [Rp, H]
+        std::vector<float> y;                        // [Rp, d_inner]
+    };
+
+    /// Training forward from zero initial states (conv and SSM) over every sequence of `batch` (packed rows; slots
+    /// are ignored). x, y [n_rows, d]; rows outside every sequence get y = 0. Equals forward() on fresh states.
+    /// Throws shape_error on mismatched shapes or overlapping / out-of-range sequences.
+    template <host_backend B>
+    void forward_train(const B& be, const seq_batch& batch, tensor_view<const float, 2> x, tensor_view<float, 2> y,
+                       train_cache& tc) const {
+        const std::int64_t d = cfg_.d_model, di = cfg_.d_inner(), H = cfg_.n_heads, cd = cfg_.conv_dim(), np = cfg_.d_in_proj();
+        x.require_shape({batch.n_rows, d}, "mamba2::forward_train: x");
+        y.require_shape({batch.n_rows, d}, "mamba2::forward_train: y");
+        if (x.strides[1] != 1 || y.strides[1] != 1) throw shape_error("mamba2::forward_train: x and y need unit inner stride");
+        plan_training(batch, tc);
+        const std::int64_t Rp = tc.packed_rows;
+        const bool dense = tc.in_place;
+        if (!dense) ops::zero_rows(be, y, std::vector<unsigned char>(static_cast<std::size_t>(y.dim(0)), 0));
+        if (Rp == 0) return;
+        tc.zxbcdt.resize(static_cast<std::size_t>(Rp * np));
+        tc.xbc.resize(static_cast<std::size_t>(Rp * cd));
+        tc.delta.resize(static_cast<std::size_t>(Rp * H));
+        tc.y.resize(static_cast<std::size_t>(Rp * di));
+        const auto sz = [](std::int64_t n) { return scratch::rounded(static_cast<std::size_t>(n)); };
+        scratch ws((dense ? 0 : 2 * sz(Rp * d)) + sz(Rp * di));
+        tensor_view<const float, 2> xin = x;  // [Rp, d]
+        tensor_view<float, 2> yout = y;       // [Rp, d]
+        if (!dense) {
+            tensor_view<float, 2> xp(ws.take(std::size_t(Rp * d)), {Rp, d});
+            ops::gather_rows(be, x, tc.rows, xp);
+            xin = xp;
+            yout = tensor_view<float, 2>(ws.take(std::size_t(Rp * d)), {Rp, d});
+        }
+        float* zx = tc.zxbcdt.data();
+        ops::linear(be, xin, w_.in_proj.view<2>(), cfg_.proj_bias ? w_.in_proj_bias.data() : nullptr, tensor_view<float, 2>(zx, {Rp, np}));
+        std::vector<ops::conv_problem<>> convs;
+        for_each_conv_block(tc, [&](std::int64_t r, std::int64_t len, std::int64_t c0, std::int64_t cn) {
+            ops::conv_problem<> p;
+            p.x = tensor_view<const float, 2>(zx + r * np + di + c0, {len, cn}, {np, 1});
+            p.w = tensor_view<const float, 2>(w_.conv1d_weight.data() + c0 * cfg_.d_conv, {cn, cfg_.d_conv});
+            p.bias = cfg_.conv_bias ? w_.conv1d_bias.data() + c0 : nullptr;
+            p.out = tensor_view<float, 2>(tc.xbc.data() + r * cd + c0, {len, cn}, {cd, 1});
+            convs.push_back(p);
+        });
+        ops::causal_conv1d(be, std::span<const ops::conv_problem<>>(convs), kernels::conv_activation::silu);
+        ops::ssd_delta(be, tensor_view<const float, 2>(zx + np - H, {Rp, H}, {np, 1}), w_.dt_bias.data(), cfg_.dt_limit.lo,
+                       cfg_.dt_limit.hi, tensor_view<float, 2>(tc.delta.data(), {Rp, H}));
+        const std::vector<float> A = A_values();
+        const auto in = ssd_inputs_of(tc, A.data());
+        std::vector<kernels::ssd_sequence<float>> seqs;
+        for (std::size_t i = 0; i < tc.starts.size(); ++i) seqs.push_back({tc.packed[i], tc.lengths[i], nullptr});
+        ops::ssd_chunked(be, in, std::span<const kernels::ssd_sequence<float>>(seqs), cfg_.chunk_size,
+                         tensor_view<float, 3>(tc.y.data(), {Rp, H, cfg_.head_dim}));
+        float* yn = ws.take(std::size_t(Rp * di));
+        gated_norm(be, tc, yn);
+        ops::linear(be, tensor_view<const float, 2>(yn, {Rp, di}), w_.out_proj.view<2>(), cfg_.proj_bias ? w_.out_proj_bias.data() : nullptr,
+                    yout);
+        if (!dense) ops::scatter_rows(be, tensor_view<const float, 2>(yout), tc.rows, y);
+    }
+
+    /// Backward of forward_train (same batch, its cache, its input x): dx [n_rows, d] overwritten (0 outside the
+    /// sequences); every parameter gradient accumulated into g (shaped like the weights: weights().zeros_like()).
+    /// Reverse order of the forward: out_proj → gated norm (norm output recomputed) → SSD and D (chunk states
+    /// recomputed) → Δ (softplus, clamp, dt_bias) → conv + SiLU (weights, bias) → in_proj; dA_log = dA · A.
+    /// Throws shape_error when the batch differs from the cache's or a shape does not match.
+    template <host_backend B>
+    void backward(const B& be, const seq_batch& batch, const train_cache& tc, tensor_view<const float, 2> x,
+                  tensor_view<const float, 2> dy, tensor_view<float, 2> dx, mamba2_weights& g) const {
+        const std::int64_t d = cfg_.d_model, di = cfg_.d_inner(), H = cfg_.n_heads, P = cfg_.head_dim, G = cfg_.n_groups,
+                           N = cfg_.d_state, cd = cfg_.conv_dim(), np = cfg_.d_in_proj();
+        constexpr const char* who = "mamba2::backward";
+        x.require_shape({batch.n_rows, d}, who, "x");
+        dy.require_shape({batch.n_rows, d}, who, "dy");
+        dx.require_shape({batch.n_rows, d}, who, "dx");
+        if (x.strides[1] != 1 || dy.strides[1] != 1 || dx.strides[1] != 1)
+            throw shape_error(std::string(who) + ": x, dy and dx need unit inner stride");
+        g.validate(cfg_);
+        check_cache(batch, tc, who);
+        const std::int64_t Rp = tc.packed_rows;
+        const bool dense = tc.in_place;
+        if (!dense) ops::zero_rows(be, dx, std::vector<unsigned char>(static_cast<std::size_t>(dx.dim(0)), 0));
+        if (Rp == 0) return;
+        const auto sz = [](std::int64_t n) { return scratch::rounded(static_cast<std::size_t>(n)); };
+        scratch ws((dense ? 0 : 3 * sz(Rp * d)) + 2 * sz(Rp * di) + sz(Rp * np) + sz(Rp * cd) + sz(Rp * H));
+        tensor_view<const float, 2> xin = x, dyin = dy;  // [Rp, d]
+        tensor_view<float, 2> dxout = dx;                // [Rp, d]
+        if (!dense) {
+            tensor_view<float, 2> xp(ws.take(std::size_t(Rp * d)), {Rp, d}), dyp(ws.take(std::size_t(Rp * d)), {Rp, d});
+            ops::gather_rows(be, x, tc.rows, xp);
+            ops::gather_rows(be, dy, tc.rows, dyp);
+            xin = xp;
+            dyin = dyp;
+            dxout = tensor_view<float, 2>(ws.take(std::size_t(Rp * d)), {Rp, d});
+        }
+        const float* zx = tc.zxbcdt.data();
+        float* yn = ws.take(std::size_t(Rp * di));     // [Rp, d_inner] gated norm output (recomputed)
+        float* dyn = ws.take(std::size_t(Rp * di));    // [Rp, d_inner] its gradient, then (in place) the SSD output's
+        float* dzx = ws.take(std::size_t(Rp * np));    // [Rp, np]      gradient of the in_proj output
+        float* dxbc = ws.take(std::size_t(Rp * cd));   // [Rp, cd]      gradient of the conv output
+        float* ddelta = ws.take(std::size_t(Rp * H));  // [Rp, H]       gradient of Δ
+        const auto dview = [&](float* p, std::int64_t cols, std::int64_t ld) { return tensor_view<float, 2>(p, {Rp, cols}, {ld, 1}); };
+
+        // out = y' W_outᵀ (+ b)
+        gated_norm(be, tc, yn);
+        ops::linear_backward(be, tensor_view<const float, 2>(yn, {Rp, di}), w_.out_proj.view<2>(), dyin, dview(dyn, di, di),
+                             g.out_proj.view<2>(), cfg_.proj_bias ? g.out_proj_bias.data() : nullptr);
+        // y' = GatedRMSNorm(y, z): dy (in place) and dz (the z columns of dzx)
+        const std::int64_t gs = cfg_.group_size(), ng = di / gs;
+        ops::gated_rms_norm_backward(be, tensor_view<const float, 3>(tc.y.data(), {Rp, ng, gs}),
+                                     tensor_view<const float, 3>(zx, {Rp, ng, gs}, {np, gs, 1}), w_.norm_weight.data(), di,
+                                     kernels::gate_order::gate_then_norm, cfg_.norm_eps, tensor_view<const float, 3>(dyn, {Rp, ng, gs}),
+                                     tensor_view<float, 3>(dyn, {Rp, ng, gs}), tensor_view<float, 3>(dzx, {Rp, ng, gs}, {np, gs, 1}),
+                                     g.norm_weight.data());
+        // y = SSD(x, Δ, A, B, C) + D x: dx, dB, dC into dxbc; dΔ; dA (then dA_log = dA·A); dD
+        const std::vector<float> A = A_values();
+        const auto in = ssd_inputs_of(tc, A.data());
+        std::vector<float> dA(static_cast<std::size_t>(H), 0.f);
+        kernels::ssd_grads<float> sg;
+        sg.dx = tensor_view<float, 3>(dxbc, {Rp, H, P}, {cd, P, 1});
+        sg.ddt = tensor_view<float, 2>(ddelta, {Rp, H});
+        sg.dB = tensor_view<float, 3>(dxbc + di, {Rp, G, N}, {cd, N, 1});
+        sg.dC = tensor_view<float, 3>(dxbc + di + G * N, {Rp, G, N}, {cd, N, 1});
+        sg.dA = dA.data();
+        sg.dD = g.D.data();
+        std::vector<kernels::ssd_backward_sequence<float>> seqs;
+        for (std::size_t i = 0; i < tc.starts.size(); ++i) seqs.push_back({tc.packed[i], tc.lengths[i], nullptr, nullptr, nullptr});
+        ops::ssd_chunked_backward(be, in, std::span<const kernels::ssd_backward_sequence<float>>(seqs), cfg_.chunk_size,
+                                  tensor_view<const float, 3>(dyn, {Rp, H, P}), sg);
+        for (std::int64_t h = 0; h < H; ++h) g.A_log[h] += dA[static_cast<std::size_t>(h)] * A[static_cast<std::size_t>(h)];
+        // Δ = clamp(softplus(dt + dt_bias), lo, hi): the dt columns of dzx, dt_bias
+        ops::ssd_delta_backward(be, tensor_view<const float, 2>(zx + np - H, {Rp, H}, {np, 1}), w_.dt_bias.data(), cfg_.dt_limit.lo,
+                                cfg_.dt_limit.hi, tensor_view<const float, 2>(ddelta, {Rp, H}), dview(dzx + np - H, H, np),
+                                g.dt_bias.data());
+        // xBC = silu(conv(xBC_in) + b) from zero conv states: the xBC columns of dzx, conv weight and bias
+        std::vector<ops::conv_backward_problem<>> convs;
+        for_each_conv_block(tc, [&](std::int64_t r, std::int64_t len, std::int64_t c0, std::int64_t cn) {
+            const std::int64_t K = cfg_.d_conv;
+            ops::conv_backward_problem<> b;
+            b.x = tensor_view<const float, 2>(zx + r * np + di + c0, {len, cn}, {np, 1});
+            b.w = tensor_view<const float, 2>(w_.conv1d_weight.data() + c0 * K, {cn, K});
+            b.bias = cfg_.conv_bias ? w_.conv1d_bias.data() + c0 : nullptr;
+            b.dout = tensor_view<const float, 2>(dxbc + r * cd + c0, {len, cn}, {cd, 1});
+            b.dx = tensor_view<float, 2>(dzx + r * np + di + c0, {len, cn}, {np, 1});
+            b.dw = tensor_view<float, 2>(g.conv1d_weight.data() + c0 * K, {cn, K});
+            b.dbias = cfg_.conv_bias ? g.conv1d_bias.data() + c0 : nullptr;
+            convs.push_back(b);
+        });
+        ops::causal_conv1d_backward(be, std::span<const ops::conv_backward_problem<>>(convs), kernels::conv_activation::silu);
+        // zxbcdt = x W_inᵀ (+ b)
+        ops::linear_backward(be, xin, w_.in_proj.view<2>(), tensor_view<const float, 2>(dzx, {Rp, np}), dxout, g.in_proj.view<2>(),
+                             cfg_.proj_bias ? g.in_proj_bias.data() : nullptr);
+        if (!dense) ops::scatter_rows(be, tensor_view<const float, 2>(dxout), tc.rows, dx);
+    }
+
 private:
+    /// A = −exp(A_log) [H], fp32, derived per call (so an optimizer may change A_log between calls).
+    std::vector<float> A_values() const {
+        std::vector<float> A(static_cast<std::size_t>(cfg_.n_heads));
+        for (std::int64_t h = 0; h < cfg_.n_heads; ++h) A[static_cast<std::size_t>(h)] = -std::exp(w_.A_log[h]);
+        return A;
+    }
+
+    /// The sequences of a training batch (slots ignored, empty ones dropped) packed in batch order into tc.
+    static void plan_training(const seq_batch& batch, train_cache& tc) {
+        seq_batch b = batch;  // the slots are ignored: check rows only
+        b.slots.resize(b.starts.size());
+        for (std::size_t i = 0; i < b.slots.size(); ++i) b.slots[i] = static_cast<std::int64_t>(i);
+        b.validate();
+        tc.n_rows = batch.n_rows;
+        tc.starts.clear();
+        tc.lengths.clear();
+        tc.packed.clear();
+        tc.rows.clear();
+        std::int64_t Rp = 0;
+        bool dense = true;
+        for (std::int64_t i = 0; i < batch.n_seq(); ++i)
+            if (batch.lengths[i] > 0) {
+                tc.starts.push_back(batch.starts[i]);
+                tc.lengths.push_back(batch.lengths[i]);
+                tc.packed.push_back(Rp);
+                dense = dense && batch.starts[i] == Rp;
+                Rp += batch.lengths[i];
+            }
+        tc.packed_rows = Rp;
+        tc.in_place = dense && Rp == batch.n_rows;
+        if (tc.in_place) return;
+        tc.rows.resize(static_cast<std::size_t>(Rp));
+        for (std::size_t i = 0; i < tc.starts.size(); ++i)
+            for (std::int64_t t = 0; t < tc.lengths[i]; ++t) tc.rows[static_cast<std::size_t>(tc.packed[i] + t)] = tc.starts[i] + t;
+    }
+
+    /// Throws shape_error unless tc was made by forward_train for this batch.
+    static void check_cache(const seq_batch& batch, const train_cache& tc, const char* who) {
+        bool same = tc.n_rows == batch.n_rows;
+        std::size_t j = 0;
+        for (std::int64_t i = 0; same && i < batch.n_seq(); ++i) {
+            if (batch.lengths[i] <= 0) continue;
+            same = j < tc.starts.size() && tc.starts[j] == batch.starts[i] && tc.lengths[j] == batch.lengths[i];
+            ++j;
+        }
+        if (!same || j != tc.starts.size())
+            throw shape_error(std::string(who) + ": the train_cache was made by forward_train for another batch (" +
+                              std::to_string(tc.starts.size()) + " sequences over " + std::to_string(tc.n_rows) + " rows)");
+    }
+
+    /// f(packed row, length, first channel, channels) for every (sequence, block of 128 xBC channels) of the cache:
+    /// the conv problems of training, as forward() cuts them (zero initial conv states).
+    template <class F>
+    void for_each_conv_block(const train_cache& tc, F&& f) const {
+        const std::int64_t cd = cfg_.conv_dim(), cblk = 128;
+        for (std::size_t i = 0; i < tc.starts.size(); ++i)
+            for (std::int64_t c0 = 0; c0 < cd; c0 += cblk) f(tc.packed[i], tc.lengths[i], c0, std::min(cblk, cd - c0));
+    }
+
+    /// The SSD inputs over the cache's packed rows (x, B, C from the conv output, Δ) with A [H] and D.
+    kernels::ssd_inputs<float> ssd_inputs_of(const train_cache& tc, const float* A) const {
+        const std::int64_t Rp = tc.packed_rows, di = cfg_.d_inner(), H = cfg_.n_heads, P = cfg_.head_dim, G = cfg_.n_groups,
+                           N = cfg_.d_state, cd = cfg_.conv_dim();
+        kernels::ssd_inputs<float> in;
+        in.x = tensor_view<const float, 3>(tc.xbc.data(), {Rp, H, P}, {cd, P, 1});
+        in.dt = tensor_view<const float, 2>(tc.delta.data(), {Rp, H});
+        in.A = A;
+        in.B = tensor_view<const float, 3>(tc.xbc.data() + di, {Rp, G, N}, {cd, N, 1});
+        in.C = tensor_view<const float, 3>(tc.xbc.data() + di + G * N, {Rp, G, N}, {cd, N, 1});
+        in.D = w_.D.data();
+        in.D_per_channel = cfg_.D_has_hdim;
+        return in;
+    }
+
+    /// y' = GatedRMSNorm(y, z) of the cached SSD output into out [Rp, d_inner].
+    template <host_backend B>
+    void gated_norm(const B& be, const train_cache& tc, float* out) const {
+        const std::int64_t Rp = tc.packed_rows, di = cfg_.d_inner(), np = cfg_.d_in_proj(), gs = cfg_.group_size(), ng = di / gs;
+        ops::gated_rms_norm(be, tensor_view<const float, 3>(tc.y.data(), {Rp, ng, gs}),
+                            tensor_view<const float, 3>(tc.zxbcdt.data(), {Rp, ng, gs}, {np, gs, 1}), w_.norm_weight.data(), di,
+                            kernels::gate_order::gate_then_norm, cfg_.norm_eps, tensor_view<float, 3>(out, {Rp, ng, gs}));
+    }
+
     mamba2_config cfg_;
     mamba2_weights w_;
-    std::vector<float> A_;  // [H] A = −exp(A_log), fp32
 };
 
 static_assert(mixer<mamba2, cpu_backend>);

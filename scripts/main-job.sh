@@ -2,7 +2,7 @@
 # The main job: run the `hymix` tool on real text — the King James Version printed by Debian's bible-kjv —
 # with a pretrained checkpoint: model summary, held-out bits/byte, and a streamed greedy continuation.
 #   scripts/main-job.sh [BUILD_DIR] [MODEL_DIR]
-# The model is MODEL_DIR, else $HYMIX_MODEL, else the embedded default ../shared/models/kjv-hybrid-byte.
+# The model is MODEL_DIR, else $HYMIX_MODEL, else the embedded default models/kjv-tiny-hybrid (trained by hymix).
 set -euo pipefail
 # Paths given by the caller are relative to the caller's directory: make them absolute before moving.
 abs() { case $1 in /*) printf '%s' "$1" ;; *) printf '%s/%s' "$PWD" "$1" ;; esac; }
@@ -26,17 +26,10 @@ if [ "$(sha256sum "$text" | cut -d' ' -f1)" != "$expected" ]; then
     echo "main-job: warning: $text differs from the KJV text the shared models were trained on (sha256)" >&2
 fi
 
-if [ -z "$model" ] && [ -f ../shared/models/kjv-hybrid-byte/config.json ]; then
-    model=../shared/models/kjv-hybrid-byte
-fi
 if [ -z "$model" ]; then
-    cat >&2 <<'MSG'
-main-job: no checkpoint given, and the default ../shared/models/kjv-hybrid-byte is not present.
-Point the job at a Hugging Face checkpoint directory (config.json + model.safetensors) of a supported
-architecture (Mamba2ForCausalLM, Qwen3_5ForCausalLM text models), with byte-level tokens:
-    scripts/run.sh /path/to/checkpoint        or        HYMIX_MODEL=/path/to/checkpoint scripts/run.sh
-MSG
-    exit 2
+    # The embedded default: a small byte-level hybrid that hymix trained itself (models/kjv-tiny-hybrid/README.md).
+    # The shared checkpoints are better: scripts/run.sh ../shared/models/kjv-hybrid-byte
+    model=$PWD/models/kjv-tiny-hybrid
 fi
 
 echo "== hymix info"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The `hymix` tool's own tests on a tiny random checkpoint written by `check tiny` (no shared files needed): exit
 # codes, messages for bad arguments, non-finite weights and results, generation options, short texts, logits.
-#   cli_test.sh TOOL CHECK WORK_DIR GROUP      (GROUP: args nonfinite generate score logits)
+#   cli_test.sh TOOL CHECK WORK_DIR GROUP      (GROUP: args nonfinite generate score logits train)
 set -uo pipefail
 export LC_ALL=C  # strings are bytes
 tool=$1 check=$2 work=$3 group=$4
@@ -23,6 +23,20 @@ expect() {
     local code=$1 pattern=$2
     shift 2
     run "$@"
+    if [ "$rc" != "$code" ] || ! grep -aqE -- "$pattern" "$work/all"; then
+        echo "FAIL: hymix $* -> exit $rc (expected $code; output should match: $pattern)"
+        sed 's/^/    /' "$work/all" | head -c 3000
+        failures=$((failures + 1))
+    else
+        echo "ok:   hymix $* -> $code"
+    fi
+}
+# expect1 CODE REGEX ARGS...: as expect, running the command once (commands with side effects: train).
+expect1() {
+    local code=$1 pattern=$2
+    shift 2
+    "$tool" "$@" >"$work/all" 2>&1
+    rc=$?
     if [ "$rc" != "$code" ] || ! grep -aqE -- "$pattern" "$work/all"; then
         echo "FAIL: hymix $* -> exit $rc (expected $code; output should match: $pattern)"
         sed 's/^/    /' "$work/all" | head -c 3000
@@ -171,6 +185,49 @@ logits)
     expect 3 "logits hold (NaN|\+Inf|-Inf) at \[0, 0, 3\]; pass --allow-nonfinite" logits -m "$work/big" --input "$work/ids.safetensors" --output "$work/l3.safetensors"
     [ ! -e "$work/l3.safetensors" ] || { echo "FAIL: non-finite logits were written"; failures=$((failures + 1)); }
     expect 0 "warning: the logits hold" logits -m "$work/big" --allow-nonfinite --input "$work/ids.safetensors" --output "$work/l3.safetensors"
+    ;;
+train)
+    # A small text: 60 KB of a repeated pangram with line numbers (the first 95% train, the rest is held out).
+    for i in $(seq 1 1200); do echo "$i the quick brown fox jumps over the lazy dog"; done >"$work/text.txt"
+    common=(--text "$work/text.txt" --d-model 32 --layers 2 --head-dim 16 --d-state 8 --batch 4 --seq-len 32 --warmup 4
+            --log-every 2 --eval-bytes 2048 --threads 1 --seed 5)
+    small=("${common[@]}" --steps 24)
+    expect1 0 "held-out bits/byte [0-9.]+" train --stack mamba2 "${small[@]}" --out "$work/a" --checkpoint-every 6
+    [ -f "$work/a/loss.csv" ] && [ -f "$work/a/loss.svg" ] && [ "$(cat "$work/a/latest")" = checkpoint-24 ] \
+        && echo "ok:   loss.csv, loss.svg, latest -> checkpoint-24" || { echo "FAIL: run files missing"; failures=$((failures + 1)); }
+    [ "$(ls -d "$work"/a/checkpoint-* | wc -l)" = 1 ] && echo "ok:   older checkpoints removed" || { echo "FAIL: old checkpoints kept"; failures=$((failures + 1)); }
+    # The trained model loads with the other commands.
+    expect 0 "Mamba2ForCausalLM" info -m "$work/a/checkpoint-24"
+    expect 0 "bits/byte [0-9.]+" score -m "$work/a/checkpoint-24" --text "$work/text.txt" --bytes 600
+    # Interrupted at step 12 (--stop-after), then resumed: the identical loss curve.
+    expect1 0 "held-out bits/byte" train --stack mamba2 "${small[@]}" --out "$work/b" --checkpoint-every 6 --stop-after 12
+    [ "$(cat "$work/b/latest")" = checkpoint-12 ] && echo "ok:   stopped at checkpoint-12" || { echo "FAIL: no checkpoint-12"; failures=$((failures + 1)); }
+    expect 0 "Mamba2ForCausalLM" info -m "$work/b/checkpoint-12"
+    expect1 0 "resuming from" train --stack mamba2 "${small[@]}" --out "$work/b" --checkpoint-every 6 --resume
+    # Timing columns (tokens/s, seconds) differ; step, tokens, loss, lr, grad norm and held-out bits/byte may not
+    # (the held-out column also holds the evaluation at the stop, so compare the rows of both runs up to it).
+    cut -d, -f1-5 "$work/a/loss.csv" >"$work/a.curve"
+    cut -d, -f1-5 "$work/b/loss.csv" >"$work/b.curve"
+    same "$work/a.curve" "$work/b.curve" "the resumed run's loss curve equals the uninterrupted one"
+    # Kill at random moments: whatever 'latest' names always loads.
+    for delay in 0.3 0.7 1.1; do
+        rm -rf "$work/c"
+        "$tool" train --stack mamba2 "${common[@]}" --steps 200 --checkpoint-every 1 --out "$work/c" >/dev/null 2>&1 &
+        pid=$!
+        sleep "$delay"
+        kill -9 "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
+        if [ -f "$work/c/latest" ]; then expect 0 "Mamba2ForCausalLM" info -m "$work/c/$(cat "$work/c/latest")"; fi
+    done
+    expect1 1 "already holds a training run" train --stack mamba2 "${small[@]}" --out "$work/a"
+    expect1 2 "must match" train --stack mamba2 "${small[@]}" --lr 0.5 --out "$work/a" --resume
+    expect 1 "--stack: .*foo" train --stack foo "${small[@]}" --out "$work/x"
+    expect 2 "cannot open training text" train --stack mamba2 --text "$work/missing.txt" --out "$work/x"
+    # The other families train and load too (a few steps each).
+    for st in gdn attention hybrid; do
+        expect1 0 "held-out bits/byte" train --stack "$st" "${common[@]}" --steps 4 --d-ff 48 --linear-heads 2 --attn-heads 2 --attn-kv-heads 1 --out "$work/$st"
+        expect 0 "Qwen3_5ForCausalLM" info -m "$work/$st/checkpoint-4"
+    done
     ;;
 *)
     echo "unknown group $group"

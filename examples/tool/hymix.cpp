@@ -3,6 +3,9 @@
 //   hymix generate --model DIR --prompt TEXT | -f FILE  [-n N --temperature T --top-k K --top-p P --min-p P ...]
 //   hymix score    --model DIR --text FILE [--offset O --bytes N --window L --full-windows]
 //   hymix logits   --model DIR --input IN.safetensors --output OUT.safetensors
+//   hymix train    --stack mamba2|gdn|attention|hybrid --text FILE [--d-model D --layers L --minutes M ...]
+//   hymix amor-train --model BACKBONE --text FILE [--blocks K --kappa κ --steps N ...]
+//   hymix amor-trace --model BACKBONE --amor FILE --text FILE [--offset O --bytes N --out PAGE.html]
 // This file defines the command line and maps failures to exit codes (tool.hpp); each command lives in its own
 // file. Tokens are bytes (the shared KJV checkpoints); the tokenizer is the replaceable hymix::byte_tokenizer.
 #include <cstdio>
@@ -65,11 +68,18 @@ int fail(int code, const std::string& message) {
 /// Every option of every command, and the values they set.
 struct command_line {
     CLI::App app{"hymix: run hybrid recurrent/attention language models (Hugging Face checkpoints) on the CPU"};
-    CLI::App *info = nullptr, *gen = nullptr, *score = nullptr, *logits = nullptr;
+    CLI::App *info = nullptr, *gen = nullptr, *score = nullptr, *logits = nullptr, *train = nullptr, *amor_train = nullptr, *amor_trace = nullptr;
     tool::common_options common;
     tool::generate_options generate;
     tool::score_options scoring;
     tool::logits_options logit_files;
+    tool::train_command_options training;
+    std::string lr_decay = "cosine", export_bf16, out_dir = "hymix-train";
+    tool::amor_train_options amor;
+    std::string amor_lr_decay = "constant", amor_out = "hymix-amor";
+    tool::amor_trace_options trace;
+    std::int64_t trace_offset = 0;
+    CLI::Option* trace_offset_opt = nullptr;
     // Values whose absence means something (random seed, context from config.json, range from the text).
     std::uint64_t seed = 0;
     std::int64_t ctx_size = 0, offset = 0, n_bytes = 0;
@@ -88,6 +98,99 @@ struct command_line {
         logits = command("logits", "logits for input_ids [B, T] (int64) -> logits [B, T, V] (f32) safetensors");
         logits->add_option("--input", logit_files.input, "safetensors file with input_ids")->required();
         logits->add_option("--output", logit_files.output, "safetensors file to write")->required();
+        define_train();
+        define_amor_train();
+    }
+
+    void define_amor_train() {
+        amor_train = command("amor-train", "train AMOR's entropy-gated attention blocks on a frozen backbone (--model; spec.md §5)");
+        auto& a = amor;
+        auto& o = a.train;
+        // The setup of the AMOR paper's post-hoc runs (issue 9): 1550 steps of 32 × 512 bytes, AdamW 1e-3, betas (0.9,
+        // 0.95), weight decay 0.1, clip 1, 100 warmup steps then constant.
+        o.steps = 1550;
+        o.batch = 32;
+        o.seq_len = 512;
+        o.adamw = {1e-3, 0.9, 0.95, 1e-8, 0.1};
+        o.warmup = 100;
+        o.decay = hymix::train::lr_decay::constant;
+        amor_train->add_option("--text", a.text, "training text (bytes); the first 95% train, the rest is held out")->required();
+        amor_train->add_option("--out,-o", amor_out, "run directory: checkpoints (amor.safetensors), loss.csv, loss.svg");
+        amor_train->add_flag("--resume", a.resume, "continue the run in --out from its latest checkpoint");
+        amor_train->add_option("--blocks", a.blocks, "AMOR blocks, 1 to 64")->check(whole(1, 64));
+        amor_train->add_option("--heads", a.heads, "attention heads per block (heads × head-dim = d_model)")->check(whole(1, 1024));
+        amor_train->add_option("--head-dim", a.head_dim, "attention head width")->check(whole(1, 1024));
+        amor_train->add_option("--residual", a.residual, "classic (block 0 replaces the stream by norm_f(h)) | h")
+            ->check(CLI::IsMember({"classic", "h"}));
+        amor_train->add_option("--kappa", a.kappa, "τ = m̄ + κ·s̄ (adaptive offset mode)")->check(decimal(-100, 100));
+        amor_train->add_option("--momentum", a.momentum, "EMA momentum μ of the gate statistics, [0, 1)")->check(decimal(0, 0.999999));
+        amor_train->add_option("--offset-mode", a.offset_mode, "adaptive (τ = m̄ + κ·s̄) | fixed (τ = m̄ + gate-offset)")
+            ->check(CLI::IsMember({"adaptive", "fixed"}));
+        amor_train->add_option("--gate-offset", a.gate_offset, "fixed offset mode: τ = m̄ + this")->check(decimal(-1, 1));
+        amor_train->add_flag("--always-on", a.always_on, "every token attends (the always-on comparison, same parameters)");
+        training_options(amor_train, o, amor_lr_decay);
+
+        amor_trace = command("amor-trace", "an HTML page of an AMOR model's per-byte entropies and gate decisions (needs --amor)");
+        amor_trace->add_option("--text", trace.text, "text file")->required();
+        trace_offset_opt = amor_trace->add_option("--offset", trace_offset, "first byte traced")
+                               ->check(whole(0, std::int64_t{1} << 50))
+                               ->default_str("the held-out offset 4083327 for the KJV, else 0");
+        amor_trace->add_option("--bytes", trace.bytes, "bytes traced (one sequence), 2 to 1048576")->check(whole(2, 1 << 20));
+        amor_trace->add_option("--out,-o", trace.out, "HTML file to write");
+    }
+
+    /// The options of the training loop, shared by train and amor-train.
+    static void training_options(CLI::App* app, hymix::train::train_options& o, std::string& lr_decay) {
+        auto* train = app;
+        train->add_option("--steps", o.steps, "optimizer steps (the schedule's length), 1 to 1e9")->check(whole(1, 1'000'000'000));
+        train->add_option("--stop-after", o.stop_after, "end this run (with a checkpoint) after N steps; --resume continues it")
+            ->check(whole(0, 1'000'000'000));
+        train->add_option("--minutes", o.minutes, "stop after this many minutes of training (0 = no limit)")->check(decimal(0, 1e6));
+        train->add_option("--batch", o.batch, "windows per step, 1 to 65536")->check(whole(1, 65536));
+        train->add_option("--seq-len", o.seq_len, "bytes per window, 1 to 1048576")->check(whole(1, 1 << 20));
+        train->add_option("--accum", o.accum, "micro-batches per step (gradient accumulation; divides --batch)")->check(whole(1, 65536));
+        train->add_option("--lr", o.adamw.lr, "peak learning rate, (0, 10]")->check(decimal(0, 10, true));
+        train->add_option("--warmup", o.warmup, "linear warmup steps, 0 to 1e9")->check(whole(0, 1'000'000'000));
+        train->add_option("--schedule", lr_decay, "after warmup: constant | linear | cosine")
+            ->check(CLI::IsMember({"constant", "linear", "cosine"}));
+        train->add_option("--min-lr-ratio", o.min_lr_ratio, "final / peak learning rate of linear and cosine decay, [0, 1]")->check(decimal(0, 1));
+        train->add_option("--weight-decay", o.adamw.weight_decay, "AdamW decoupled weight decay on matrices, [0, 10]")->check(decimal(0, 10));
+        train->add_option("--beta1", o.adamw.beta1, "AdamW beta1, [0, 1)")->check(decimal(0, 0.999999));
+        train->add_option("--beta2", o.adamw.beta2, "AdamW beta2, [0, 1)")->check(decimal(0, 0.999999));
+        train->add_option("--clip", o.clip, "clip the global gradient norm to this (0 = off)")->check(decimal(0, 1e6));
+        train->add_option("--seed", o.seed, "seed of the initial weights and of the data order")->check(tool::cli::seed_value());
+        train->add_option("--log-every", o.log_every, "steps between loss-curve rows, 1 to 1e6")->check(whole(1, 1'000'000));
+        train->add_option("--eval-every", o.eval_every, "steps between held-out evaluations (0 = at the end only)")->check(whole(0, 1'000'000'000));
+        train->add_option("--eval-bytes", o.eval_bytes, "held-out bytes scored per evaluation (windows of 512)")->check(whole(2, std::int64_t{1} << 40));
+        train->add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (0 = at the end only)")->check(whole(0, 1'000'000'000));
+    }
+
+    void define_train() {
+        train = app.add_subcommand("train", "train a byte-level language model from scratch on a text file");
+        train->footer(tool::exit_code_help());
+        train->allow_extras();
+        train->set_config("--config", "", "read options from a TOML/INI file: one 'long-option-name = value' per line");
+        auto& s = training.spec;
+        auto& o = training.train;
+        train->add_option("--text", training.text, "training text (bytes); the first 95% train, the rest is held out")->required();
+        train->add_option("--out,-o", out_dir, "run directory: checkpoints, loss.csv, loss.svg");
+        train->add_flag("--resume", training.resume, "continue the run in --out from its latest checkpoint");
+        train->add_option("--threads,-t", training.threads, fmt::format("worker threads, 0 to {} (0 = all cores)", cores))
+            ->check(whole(0, cores, fmt::format("0 = all {} cores", cores)));
+        train->add_option("--stack", s.stack, "mamba2 | gdn | attention | hybrid (GDN with attention on every --attention-every-th layer)")
+            ->check(CLI::IsMember({"mamba2", "gdn", "attention", "hybrid"}));
+        train->add_option("--d-model", s.d_model, "model width, 8 to 65536")->check(whole(8, 65536));
+        train->add_option("--layers", s.n_layers, "layers, 1 to 1024")->check(whole(1, 1024));
+        train->add_option("--head-dim", s.head_dim, "head width (Mamba-2 P, GDN d_k = d_v, attention d_h), 1 to 1024")->check(whole(1, 1024));
+        train->add_option("--d-state", s.d_state, "Mamba-2 state size N, 1 to 1024")->check(whole(1, 1024));
+        train->add_option("--linear-heads", s.linear_heads, "GDN heads, 1 to 1024")->check(whole(1, 1024));
+        train->add_option("--attn-heads", s.attn_heads, "attention query heads, 1 to 1024")->check(whole(1, 1024));
+        train->add_option("--attn-kv-heads", s.attn_kv_heads, "attention key/value heads, 1 to 1024")->check(whole(1, 1024));
+        train->add_option("--d-ff", s.d_ff, "SwiGLU width (GDN / attention / hybrid stacks), 1 to 1048576")->check(whole(1, 1 << 20));
+        train->add_option("--attention-every", s.attention_every, "hybrid: layer i is attention iff (i + 1) % N == 0")->check(whole(1, 1024));
+        train->add_flag("--tie-embeddings", s.tie_embeddings, "LM head = embedding matrix");
+        training_options(train, o, lr_decay);
+        train->add_option("--export-bf16", export_bf16, "also write the final model with bf16 weights to this directory");
     }
 
     /// A command with the options every command has.
@@ -104,6 +207,9 @@ struct command_line {
                       "cpu (oneTBB threads, SIMD kernels) or ref (the fp64 reference backend every backend is tested against; slow)")
             ->check(CLI::IsMember({"cpu", "ref"}))
             ->capture_default_str();
+        c->add_option("--amor", common.amor,
+                      "AMOR file (entropy-gated attention blocks trained on the --model backbone; spec.md §5) to run on top of it")
+            ->check(CLI::ExistingFile);
         c->add_flag("--allow-nonfinite", common.allow_nonfinite,
                     "load weights holding NaN / Inf (each such tensor is named in a warning); logits writes non-finite "
                     "results");
@@ -168,7 +274,7 @@ struct command_line {
 
     /// The command given (nullptr when none was), after parsing.
     CLI::App* chosen() const {
-        for (auto* c : {info, gen, score, logits})
+        for (auto* c : {info, gen, score, logits, train, amor_train, amor_trace})
             if (c->parsed()) return c;
         return nullptr;
     }
@@ -179,6 +285,12 @@ struct command_line {
         if (ctx_opt->count() > 0) generate.ctx_size = ctx_size;
         if (offset_opt->count() > 0) scoring.offset = offset;
         if (bytes_opt->count() > 0) scoring.bytes = n_bytes;
+        training.train.decay = hymix::train::parse_lr_decay(lr_decay);
+        training.out = out_dir;
+        training.export_bf16 = export_bf16;
+        amor.train.decay = hymix::train::parse_lr_decay(amor_lr_decay);
+        amor.out = amor_out;
+        if (trace_offset_opt->count() > 0) trace.offset = trace_offset;
     }
 };
 
@@ -198,8 +310,8 @@ int main(int argc, char** argv) {
     const auto& stray = cl.app.remaining();
     if (!cmd)
         return fail(tool::exit_usage,
-                    stray.empty() ? "no command given (commands: info, generate, score, logits; see hymix --help)"
-                                  : "unknown command '" + stray.front() + "' (commands: info, generate, score, logits; see hymix --help)");
+                    stray.empty() ? "no command given (commands: info, generate, score, logits, train, amor-train, amor-trace; see hymix --help)"
+                                  : "unknown command '" + stray.front() + "' (commands: info, generate, score, logits, train, amor-train, amor-trace; see hymix --help)");
     if (!cmd->remaining().empty() || !stray.empty()) {
         auto extra = cmd->remaining();
         extra.insert(extra.end(), stray.begin(), stray.end());
@@ -211,6 +323,9 @@ int main(int argc, char** argv) {
         if (cmd == cl.info) return tool::run_info(cl.common);
         if (cmd == cl.gen) return tool::run_generate(cl.common, cl.generate);
         if (cmd == cl.score) return tool::run_score(cl.common, cl.scoring);
+        if (cmd == cl.train) return tool::run_train(cl.training);
+        if (cmd == cl.amor_train) return tool::run_amor_train(cl.common, cl.amor);
+        if (cmd == cl.amor_trace) return tool::run_amor_trace(cl.common, cl.trace);
         return tool::run_logits(cl.common, cl.logit_files);
     } catch (const tool::usage_error& e) {
         return fail(tool::exit_usage, e.what());

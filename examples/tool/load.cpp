@@ -23,7 +23,7 @@ basic_loaded_model<Model> load_on(const common_options& o) {
         }
     }
     auto cfg = hymix::io::read_json_file(dir / "config.json");
-    basic_loaded_model<Model> m{dir, std::move(cfg), Model::load(dir, o.threads)};
+    basic_loaded_model<Model> m{dir, std::move(cfg), o.amor.empty() ? Model::load(dir, o.threads) : Model::load(dir, o.amor, o.threads)};
     const double load_s = seconds_since(t0);
     const auto& i = m.model.info();
     const auto& be = m.model.backend();

@@ -11,7 +11,10 @@
 
 #include <fmt/core.h>
 
+#include <filesystem>
+
 #include "hymix/text/generate.hpp"
+#include "hymix/train/options.hpp"
 #include "hymix/text/score.hpp"
 
 namespace tool {
@@ -55,6 +58,7 @@ struct common_options {
     int threads = 0;               // 0 = every core
     std::string backend = "cpu";   // cpu | ref (the fp64 reference backend: exact, slow)
     bool allow_nonfinite = false;  // load weights holding NaN / Inf (with a warning)
+    std::string amor;              // an AMOR file (models/amor.hpp) to add to the backbone in --model; empty = none
 };
 
 struct generate_options {
@@ -75,7 +79,41 @@ struct logits_options {
     std::string input, output;
 };
 
+/// `hymix train`: what to build, how to train it, where to write.
+struct train_command_options {
+    hymix::train::byte_lm_spec spec;
+    hymix::train::train_options train;
+    std::string text;
+    std::filesystem::path out = "hymix-train";
+    std::filesystem::path export_bf16;  // empty: no bf16 export
+    bool resume = false;
+    int threads = 0;
+};
+
+/// `hymix amor-train`: AMOR blocks on a frozen backbone (--model), spec.md §5.
+struct amor_train_options {
+    std::int64_t blocks = 3, heads = 4, head_dim = 64;
+    std::string residual = "classic";
+    float kappa = 0.2f, momentum = 0.99f, gate_offset = 0.03f;
+    std::string offset_mode = "adaptive";
+    bool always_on = false;
+    hymix::train::train_options train;
+    std::string text;
+    std::filesystem::path out = "hymix-amor";
+    bool resume = false;
+};
+
 int run_info(const common_options&);
+int run_amor_train(const common_options&, const amor_train_options&);
+
+/// `hymix amor-trace`: one self-contained HTML page of an AMOR model's entropies and gate decisions over a text slice.
+struct amor_trace_options {
+    std::string text, out = "amor-trace.html";
+    std::optional<std::int64_t> offset;  // none: the held-out offset for the KJV, else 0
+    std::int64_t bytes = 2048;
+};
+int run_amor_trace(const common_options&, const amor_trace_options&);
+int run_train(const train_command_options&);
 int run_generate(const common_options&, generate_options);
 int run_score(const common_options&, const score_options&);
 int run_logits(const common_options&, const logits_options&);

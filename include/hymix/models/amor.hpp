@@ -116,8 +116,6 @@ template <class S, class Backbone, class MakeBlock>
 S assemble(Backbone&& bb, const amor_config& c, tensor<float> final_norm, MakeBlock&& block) {
     stack_config sc = bb.config();
     stack_weights w;
-    w.final_norm_eps = c.norm_eps;
-    w.final_norm_flavor = kernels::rms_flavor::plain;
     w.embedding = std::move(bb.weights_mut().embedding);
     w.lm_head = std::move(bb.weights_mut().lm_head);
     w.final_norm = std::move(final_norm);
@@ -125,7 +123,7 @@ S assemble(Backbone&& bb, const amor_config& c, tensor<float> final_norm, MakeBl
     for (std::int64_t l = 0; l < bb.n_layers(); ++l)
         blocks.emplace_back(std::in_place_index<0>, std::move(std::get<0>(bb.layer_at(l))));
     for (std::int64_t i = 0; i < c.n_amor_blocks; ++i) blocks.emplace_back(std::in_place_index<1>, block(i));
-    return S(sc, std::move(w), std::move(blocks));
+    return S(sc, std::move(w), std::move(blocks), final_norm_options{c.norm_eps, kernels::rms_flavor::plain});
 }
 }  // namespace detail
 

@@ -18,6 +18,7 @@
 #include "hymix/core/seq_batch.hpp"
 #include "hymix/core/tensor.hpp"
 #include "hymix/schedule/layer_schedule.hpp"
+#include "hymix/models/amor.hpp"
 #include "hymix/models/checkpoint.hpp"
 #include "hymix/models/hf_mamba2.hpp"
 #include "hymix/models/hf_qwen3_5.hpp"
@@ -47,6 +48,7 @@ struct any_stack {
     virtual void copy_slot(any_cache&, std::int64_t, std::int64_t) const = 0;
     virtual void forward(const B&, any_cache&, const seq_batch&, std::span<const std::int32_t>, tensor_view<float, 2>,
                          bool last_only) const = 0;
+    virtual const std::vector<block_stats>& stats(any_cache&) const = 0;
 };
 
 template <class B, class Stack>
@@ -69,6 +71,7 @@ struct stack_holder final : any_stack<B> {
     }
     void reset_slot(any_cache& c, std::int64_t s) const override { get(c).c.reset_slot(s); }
     void copy_slot(any_cache& c, std::int64_t f, std::int64_t t) const override { get(c).c.copy_slot(f, t); }
+    const std::vector<block_stats>& stats(any_cache& c) const override { return get(c).c.stats(); }
     void forward(const B& be, any_cache& c, const seq_batch& b, std::span<const std::int32_t> tok,
                  tensor_view<float, 2> logits, bool last_only) const override {
         if (last_only)
@@ -140,7 +143,40 @@ public:
         return am;
     }
 
+    /// A post-hoc AMOR model (spec.md §5): the backbone checkpoint `dir` (HF Mamba-2, or a Qwen3.5 stack of Gated
+    /// DeltaNet layers) plus the AMOR file `amor` (models/amor.hpp). Throws as load, plus config_error when the AMOR
+    /// file's backbone kind or sizes do not match the checkpoint.
+    static basic_auto_model load(const std::filesystem::path& dir, const std::filesystem::path& amor, int threads = 0) {
+        models::checkpoint_reader rd(dir);
+        const auto& j = rd.config();
+        const auto ac = models::read_amor_config(amor);
+        basic_auto_model am;
+        am.be_ = std::make_unique<B>(threads);
+        am.info_.model_type = io::require<std::string>(j, "model_type", rd.config_path());
+        const auto& mt = am.info_.model_type;
+        const std::string want = ac.backbone == "mamba2" ? "mamba2" : "qwen3_5_text";
+        if ((ac.backbone == "mamba2") != (mt == "mamba2") || (ac.backbone == "gdn" && mt != "qwen3_5_text" && mt != "qwen3_5"))
+            throw config_error(amor.string() + ": an AMOR file for a " + ac.backbone + " backbone, but " + rd.config_path() +
+                               " has model_type '" + mt + "'");
+        if (mt == "mamba2") {
+            am.info_.architecture = models::config_architecture(j, "Mamba2ForCausalLM") + "+AMOR";
+            am.impl_ = detail::hold<B>(models::load_amor<models::amor_mamba2_stack<>>(models::load_hf_mamba2<models::hf_mamba2_stack>(rd), amor),
+                                       am.info_);
+        } else {
+            am.info_.architecture = models::config_architecture(j, "Qwen3_5ForCausalLM") + "+AMOR";
+            am.impl_ = detail::hold<B>(models::load_amor<models::amor_gdn_stack<>>(models::load_hf_qwen3_5<models::qwen3_5_gdn_stack>(rd), amor),
+                                       am.info_);
+        }
+        am.info_.n_params = rd.n_params();
+        safetensors::file f(amor);
+        for (const auto& t : f.tensors()) am.info_.n_params += t.numel();
+        return am;
+    }
+
     const model_info& info() const noexcept { return info_; }
+    /// Statistics of the gated blocks of the last forward call on cache `c` (one entry per gated block: layer, gate,
+    /// rows, fired rows and per-row scores such as AMOR's normalised entropies). Empty for ungated models.
+    const std::vector<block_stats>& stats(cache& c) const { return impl_->stats(*checked(c)); }
     const B& backend() const noexcept { return *be_; }
 
     /// A cache with n_slots fresh sequence slots. Throws shape_error when n_slots <= 0.

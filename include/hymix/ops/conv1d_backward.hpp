@@ -57,8 +57,26 @@ void causal_conv1d_backward(const B& be, std::span<const conv_backward_problem<t
 
 template <class Arch>
 struct op_impl<ops::causal_conv1d_backward_op, basic_cpu_backend<Arch>> {
-    static void run(const basic_cpu_backend<Arch>& be, std::span<const ops::conv_backward_problem<host_space>> ps,
+    static void run(const basic_cpu_backend<Arch>& be, std::span<const ops::conv_backward_problem<host_space>> ps_in,
                     kernels::conv_activation act) {
+        // An upstream gradient with a non-unit channel stride (a transposed view) is gathered into rows first, so that
+        // every layout runs the same path and gives bit-identical gradients (spec.md §8.20).
+        std::vector<ops::conv_backward_problem<host_space>> local;
+        std::vector<std::vector<float>> gathered;
+        for (const auto& p : ps_in)
+            if (p.dout.data && p.dout.dim(1) > 1 && p.dout.strides[1] != 1) {
+                local.assign(ps_in.begin(), ps_in.end());
+                break;
+            }
+        for (auto& p : local)
+            if (p.dout.data && p.dout.dim(1) > 1 && p.dout.strides[1] != 1) {
+                const std::int64_t T = p.dout.dim(0), C = p.dout.dim(1);
+                auto& buf = gathered.emplace_back(static_cast<std::size_t>(T * C));
+                for (std::int64_t t = 0; t < T; ++t)
+                    for (std::int64_t c = 0; c < C; ++c) buf[static_cast<std::size_t>(t * C + c)] = p.dout(t, c);
+                p.dout = tensor_view<const float, 2>(buf.data(), {T, C});
+            }
+        const std::span<const ops::conv_backward_problem<host_space>> ps = local.empty() ? ps_in : std::span<const ops::conv_backward_problem<host_space>>(local);
         struct item {
             std::size_t p;
             std::int64_t c0, c1;

@@ -65,8 +65,13 @@ struct stack_weights {
     tensor<float> embedding;   // [V, d]
     tensor<float> final_norm;  // [d]
     tensor<float> lm_head;     // [V, d]; ignored (may be empty) when tie_embeddings
-    float final_norm_eps = 0.0f;                           // the final norm's eps when it differs (AMOR: 1e-6); 0 = norm_eps
-    std::optional<kernels::rms_flavor> final_norm_flavor;  // the final norm's flavour when it differs from the stack's
+};
+
+/// The final norm's eps and flavour where they differ from the stack's (AMOR's final_norm: plain RMSNorm, eps 1e-6, on
+/// any backbone).
+struct final_norm_options {
+    float eps = 0.0f;                          // 0 = the stack's norm_eps
+    std::optional<kernels::rms_flavor> flavor;  // none = the stack's Norm policy
 };
 
 namespace detail {
@@ -161,8 +166,8 @@ public:
         init();
     }
     /// The same from blocks built by the caller (gated blocks, AMOR blocks, ...).
-    model(stack_config cfg, stack_weights w, std::vector<block_variant> blocks)
-        : cfg_(cfg), w_(std::move(w)), blocks_(std::move(blocks)) {
+    model(stack_config cfg, stack_weights w, std::vector<block_variant> blocks, final_norm_options fn = {})
+        : cfg_(cfg), w_(std::move(w)), blocks_(std::move(blocks)), fn_(fn) {
         init();
     }
 
@@ -201,9 +206,9 @@ public:
     }
 
     /// The final norm's flavour (the stack's Norm policy unless the config overrides it).
-    kernels::rms_flavor final_flavor() const noexcept { return w_.final_norm_flavor.value_or(Norm::flavor); }
-    /// The final norm's eps (the stack's norm_eps unless the weights say otherwise).
-    float final_eps() const noexcept { return w_.final_norm_eps > 0 ? w_.final_norm_eps : cfg_.norm_eps; }
+    kernels::rms_flavor final_flavor() const noexcept { return fn_.flavor.value_or(Norm::flavor); }
+    /// The final norm's eps (the stack's norm_eps unless final_norm_options say otherwise).
+    float final_eps() const noexcept { return fn_.eps > 0 ? fn_.eps : cfg_.norm_eps; }
 
     /// A cache for `n_slots` sequences (all fresh).
     cache_type make_cache(std::int64_t n_slots) const {
@@ -294,9 +299,8 @@ private:
         const std::int64_t d = cfg_.d_model, V = cfg_.vocab_size;
         detail::require_matrix(w_.embedding, V, d, "embedding");
         detail::require_vector(w_.final_norm, d, "final_norm");
-        if (!(w_.final_norm_eps >= 0) || !std::isfinite(w_.final_norm_eps))
-            throw config_error("stack_weights: final_norm_eps must be >= 0 and finite (0 = the stack's norm_eps), found " +
-                               std::to_string(w_.final_norm_eps));
+        if (!(fn_.eps >= 0) || !std::isfinite(fn_.eps))
+            throw config_error("final_norm_options: eps must be >= 0 and finite (0 = the stack's norm_eps), found " + std::to_string(fn_.eps));
         if (!cfg_.tie_embeddings) detail::require_matrix(w_.lm_head, V, d, "lm_head");
         detail::require_nonzero_norm<Norm>(w_.final_norm, "final_norm");
         if (blocks_.empty()) throw config_error("model: a stack needs at least one layer");
@@ -358,6 +362,7 @@ private:
     stack_weights w_;
     std::vector<block_variant> blocks_;
     std::vector<layer_kind> kinds_;
+    final_norm_options fn_{};
 };
 
 }  // namespace hymix

@@ -123,7 +123,7 @@ void save_hf(Model& m, const nlohmann::json& config, const std::filesystem::path
         if (name.rfind("layers.", 0) == 0) kind = kinds.at(std::stoul(name.substr(7)));
         const std::string hf = hf_tensor_name(mamba2_family, name, kind);
         auto shape = t.shape();
-        if (hf.size() > 14 && hf.compare(hf.size() - 14, 14, "conv1d.weight") == 0 && shape.size() == 2)
+        if (hf.ends_with("conv1d.weight") && shape.size() == 2)
             shape = {shape[0], 1, shape[1]};
         const std::size_t n = static_cast<std::size_t>(t.numel());
         if (type == dtype::f32) {

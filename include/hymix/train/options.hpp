@@ -64,6 +64,7 @@ struct byte_lm_spec {
 struct train_options {
     std::int64_t steps = 1000;       ///< optimizer steps (the schedule's length)
     double minutes = 0;              ///< wall-clock budget; 0 = none (the run stops after `steps` or this, first)
+    std::int64_t stop_after = 0;     ///< stop (with a checkpoint) after this many steps of this run; 0 = none
     std::int64_t batch = 32;         ///< windows per optimizer step (fixed)
     std::int64_t seq_len = 512;      ///< bytes per window (fixed)
     std::int64_t accum = 1;          ///< micro-batches per step; each holds batch / accum windows (fixed)

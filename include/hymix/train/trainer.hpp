@@ -312,7 +312,7 @@ train_result train_model(const B& be, Model& m, const byte_corpus& corpus, const
     std::int64_t step = opt_state.step();
     const std::int64_t first_step = step;
     const double budget = opt.minutes > 0 ? opt.minutes * 60.0 : INFINITY;
-    while (step < opt.steps && elapsed() < budget) {
+    while (step < opt.steps && elapsed() < budget && (opt.stop_after <= 0 || step < first_step + opt.stop_after)) {
         zero_grads(ps);
         double loss = 0;
         for (std::int64_t k = 0; k < opt.accum; ++k) {

@@ -1,0 +1,227 @@
+// `hymix amor-train`: post-hoc AMOR (spec.md §5) — K entropy-gated attention blocks trained dense-with-mask on a
+// frozen backbone checkpoint (HF Mamba-2 or a Qwen3.5 GDN stack), with the training engine of `hymix train`
+// (progress, loss.csv / loss.svg, resumable checkpoints). Each checkpoint directory holds amor.safetensors, which
+// `hymix generate/score --model BACKBONE --amor FILE` and auto_model load. At the end the held-out bits/byte and the
+// per-block fire rates at windows 512 and 2048 are printed.
+#include <cstdint>
+#include <filesystem>
+#include <algorithm>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include "hymix/backend/cpu.hpp"
+#include "hymix/models/amor.hpp"
+#include "hymix/models/checkpoint.hpp"
+#include "hymix/train/trainer.hpp"
+#include "load.hpp"
+#include "tool.hpp"
+
+namespace tool {
+
+namespace {
+
+hymix::models::amor_config amor_config_of(const amor_train_options& o, const std::string& backbone) {
+    hymix::models::amor_config c;
+    c.backbone = backbone;
+    c.n_amor_blocks = o.blocks;
+    c.residual_mode = o.residual;
+    c.n_heads = o.heads;
+    c.head_dim = o.head_dim;
+    c.gate.kappa = o.kappa;
+    c.gate.momentum = o.momentum;
+    c.gate.gate_offset = o.gate_offset;
+    c.gate.offset_mode = o.offset_mode == "fixed" ? hymix::amor_offset_mode::fixed : hymix::amor_offset_mode::adaptive;
+    c.always_on = o.always_on;
+    return c;
+}
+
+/// Whether a parameter of the AMOR stack is trained: the AMOR layers (index >= n_backbone) and final_norm.
+bool amor_trainable(const std::string& name, std::int64_t n_backbone) {
+    if (name == "final_norm") return true;
+    if (name.rfind("layers.", 0) != 0) return false;
+    return std::stoll(name.substr(7)) >= n_backbone;
+}
+
+template <class S, class Backbone>
+int train_amor(const common_options& c, const amor_train_options& o, Backbone bb, const std::string& backbone_kind,
+               const hymix::train::byte_corpus& corpus, bool resume) {
+    namespace fs = std::filesystem;
+    const std::int64_t n_backbone = bb.n_layers();
+    auto ac = amor_config_of(o, backbone_kind);
+    S m = resume ? hymix::models::load_amor<S>(std::move(bb), hymix::train::latest_checkpoint(o.out) / "amor.safetensors")
+                 : hymix::models::make_amor<S>(std::move(bb), ac, o.train.seed);
+    if (resume) ac = hymix::models::read_amor_config(hymix::train::latest_checkpoint(o.out) / "amor.safetensors");
+    ac.d_model = m.config().d_model;
+    ac.vocab_size = m.config().vocab_size;
+    hymix::cpu_backend be(c.threads);
+    std::int64_t trained = 0, total = 0;
+    m.for_each_param([&](const std::string& n, hymix::tensor<float>& t) {
+        total += t.numel();
+        if (amor_trainable(n, n_backbone)) trained += t.numel();
+    });
+    console::note("amor-train: {} backbone layers (frozen) + {} AMOR blocks ({} heads × {}, {} mode, κ {}{}); {} of {} parameters "
+                  "trained; {} threads",
+                  n_backbone, ac.n_amor_blocks, ac.n_heads, ac.head_dim, ac.residual_mode, ac.gate.kappa, ac.always_on ? ", always on" : "",
+                  trained, total, be.num_threads());
+    hymix::train::train_setup<S> setup;
+    setup.frozen = [n_backbone](const std::string& n) { return !amor_trainable(n, n_backbone); };
+    setup.frozen_prefix = n_backbone;
+    setup.save = [&](S& model, const fs::path& dir) {
+        fs::create_directories(dir);
+        hymix::models::save_amor(model, n_backbone, ac, dir / "amor.safetensors");
+    };
+    const auto r = hymix::train::train_model(be, m, corpus, o.train, setup, o.out, resume, &std::cerr);
+    console::end_lines();
+    fmt::print("trained {} steps ({} tokens) in {:.1f} s: {:.0f} tokens/s; final train loss {:.4f} nats\n", r.steps_done, r.tokens,
+               r.seconds, r.tokens_per_s, r.final_loss);
+    fmt::print("amor file: {}\n", (r.checkpoint / "amor.safetensors").string());
+    const std::span<const std::uint8_t> text(corpus.bytes);
+    for (std::int64_t L : {512, 2048}) {
+        const std::int64_t n = std::min<std::int64_t>(o.train.eval_bytes, corpus.n_heldout());
+        if (n <= L) continue;
+        const auto e = hymix::train::evaluate_heldout(be, m, text, corpus.train_end, n, L);
+        std::string rates;
+        for (double f : e.fire_rate) rates += fmt::format(" {:.3f}", f);
+        fmt::print("held-out window {}: bits/byte {:.5f}; fire rate per block:{}\n", L, e.bits_per_byte, rates);
+    }
+    return exit_ok;
+}
+
+}  // namespace
+
+int run_amor_train(const common_options& c, const amor_train_options& o) {
+    namespace fs = std::filesystem;
+    const auto dir = resolve_model_dir(c.model);
+    const auto corpus = hymix::train::byte_corpus::load(o.text);
+    const bool resume = o.resume && fs::exists(o.out / "latest");
+    if (!o.resume && fs::exists(o.out / "latest"))
+        throw usage_error(fmt::format("'{}' already holds a training run: pass --resume to continue it, or choose another --out", o.out.string()));
+    hymix::models::checkpoint_reader rd(dir);
+    const auto mt = rd.config().value("model_type", "");
+    if (mt == "mamba2")
+        return train_amor<hymix::models::amor_mamba2_stack<>>(c, o, hymix::models::load_hf_mamba2<hymix::models::hf_mamba2_stack>(rd), "mamba2",
+                                                             corpus, resume);
+    return train_amor<hymix::models::amor_gdn_stack<>>(c, o, hymix::models::load_hf_qwen3_5<hymix::models::qwen3_5_gdn_stack>(rd), "gdn", corpus,
+                                                      resume);
+}
+
+}  // namespace tool
+
+namespace tool {
+
+namespace {
+
+std::string html_escape_byte(unsigned char c) {
+    switch (c) {
+        case '&': return "&amp;";
+        case '<': return "&lt;";
+        case '>': return "&gt;";
+        case '"': return "&quot;";
+        case '\n': return "<br>";
+        default: break;
+    }
+    if (c < 32 || c >= 127) return fmt::format("&#x{:x};", c < 32 ? 0x2400 + c : 0xfffd);
+    return std::string(1, static_cast<char>(c));
+}
+
+/// White (H = 0) to red (H = 1).
+std::string heat(double h) {
+    h = std::clamp(h, 0.0, 1.0);
+    const int g = static_cast<int>(255 - 200 * h);
+    return fmt::format("rgb(255,{},{})", g, g);
+}
+
+std::string histogram_svg(const std::vector<float>& H, float tau, const std::string& title) {
+    const int bins = 40, W = 360, Ht = 160, L = 36, B = 24;
+    std::vector<int> count(bins, 0);
+    for (float h : H) count[static_cast<std::size_t>(std::clamp(static_cast<int>(h * bins), 0, bins - 1))]++;
+    const int mx = std::max(1, *std::max_element(count.begin(), count.end()));
+    std::string s = fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-size=\"11\" font-family=\"sans-serif\">", W, Ht);
+    s += fmt::format("<text x=\"{}\" y=\"12\">{}</text>", L, title);
+    const double bw = static_cast<double>(W - L - 8) / bins;
+    for (int b = 0; b < bins; ++b) {
+        const double h = static_cast<double>(count[static_cast<std::size_t>(b)]) / mx * (Ht - B - 20);
+        s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"#6a8fc7\"/>", L + b * bw, Ht - B - h, bw - 1, h);
+    }
+    const double tx = L + std::clamp(static_cast<double>(tau), 0.0, 1.0) * (W - L - 8);
+    s += fmt::format("<line x1=\"{:.1f}\" y1=\"18\" x2=\"{:.1f}\" y2=\"{}\" stroke=\"#c00\" stroke-width=\"2\"/>", tx, tx, Ht - B);
+    s += fmt::format("<text x=\"{:.1f}\" y=\"28\" fill=\"#c00\">τ = {:.3f}</text>", tx + 3, tau);
+    for (double t : {0.0, 0.25, 0.5, 0.75, 1.0})
+        s += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>", L + t * (W - L - 8), Ht - 8, t);
+    s += fmt::format("<text x=\"2\" y=\"{}\">{}</text></svg>", Ht - B, 0);
+    return s;
+}
+
+}  // namespace
+
+int run_amor_trace(const common_options& c, const amor_trace_options& o) {
+    if (c.amor.empty()) throw usage_error("amor-trace needs --amor FILE (and the backbone as --model)");
+    const std::string text = read_file(o.text, "--text");
+    const auto size = static_cast<std::int64_t>(text.size());
+    const std::int64_t offset = o.offset.value_or(size == 4'298'239 ? 4'083'327 : 0);
+    if (offset >= size) throw usage_error(fmt::format("--offset {} is past the end of '{}' ({} bytes)", offset, o.text, size));
+    const std::int64_t n = std::min<std::int64_t>(o.bytes, size - offset);
+    if (n < 2) throw usage_error("amor-trace: at least 2 bytes are needed");
+    auto m = load_cpu_model(c);
+    auto cache = m.model.make_cache(1);
+    std::vector<std::int32_t> tok(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) tok[static_cast<std::size_t>(i)] = static_cast<unsigned char>(text[static_cast<std::size_t>(offset + i)]);
+    hymix::tensor<float> logits({n, m.model.info().vocab_size});
+    m.model.forward(cache, hymix::seq_batch::dense(1, n), tok, logits.view<2>());
+    const auto stats = m.model.stats(cache);
+    if (stats.empty()) throw usage_error("amor-trace: the model has no gated blocks");
+    // The page.
+    std::string page = "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>AMOR trace</title><style>"
+                       "body{font-family:sans-serif;margin:24px;max-width:1100px}"
+                       ".t{font-family:monospace;font-size:15px;line-height:2.1;white-space:normal;word-break:break-all}"
+                       ".t span{position:relative;display:inline-block;min-width:0.6em;padding-bottom:"
+                     + std::to_string(3 * stats.size()) +
+                       "px}.t i{position:absolute;left:0;right:0;height:2px}table{border-collapse:collapse}"
+                       "td,th{border:1px solid #bbb;padding:3px 8px;text-align:right}</style></head><body>\n";
+    page += fmt::format("<h1>AMOR trace</h1><p>model {} + {}; text {} bytes [{}, {}). Background: normalised entropy H of block 0 "
+                        "(white 0 → red 1). Bars under a byte: the blocks that fired there.</p>\n",
+                        m.dir.filename().string(), std::filesystem::path(c.amor).filename().string(),
+                        std::filesystem::path(o.text).filename().string(), offset, offset + n);
+    static const char* colors[] = {"#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2"};
+    page += "<table><tr><th>block</th><th>layer</th><th>fired</th><th>fire rate</th><th>τ</th><th>mean H</th></tr>\n";
+    for (std::size_t b = 0; b < stats.size(); ++b) {
+        const auto& s = stats[b];
+        double mean = 0;
+        for (float h : s.score) mean += h;
+        mean /= std::max<std::size_t>(1, s.score.size());
+        page += fmt::format("<tr><td style=\"color:{}\">{}</td><td>{}</td><td>{} / {}</td><td>{:.3f}</td><td>{:.4f}</td><td>{:.4f}</td></tr>\n",
+                            colors[b % 6], b, s.layer, s.fired, s.rows, s.fire_rate(), s.threshold, mean);
+    }
+    page += "</table>\n<div class=\"t\">";
+    const auto& h0 = stats[0].score;
+    for (std::int64_t i = 0; i < n; ++i) {
+        const auto iu = static_cast<std::size_t>(i);
+        const double h = iu < h0.size() ? h0[iu] : 0.0;
+        std::string marks, tip = fmt::format("byte {}: H =", offset + i);
+        for (std::size_t b = 0; b < stats.size(); ++b) {
+            const bool fired = iu < stats[b].score.size() && stats[b].score[iu] > stats[b].threshold;
+            tip += fmt::format(" {:.3f}{}", iu < stats[b].score.size() ? stats[b].score[iu] : 0.0f, fired ? "*" : "");
+            if (fired) marks += fmt::format("<i style=\"bottom:{}px;background:{}\"></i>", 3 * b, colors[b % 6]);
+        }
+        page += fmt::format("<span style=\"background:{}\" title=\"{}\">{}{}</span>", heat(h), tip,
+                            html_escape_byte(static_cast<unsigned char>(text[static_cast<std::size_t>(offset + i)])), marks);
+    }
+    page += "</div>\n<h2>Entropy per block</h2><div>";
+    for (std::size_t b = 0; b < stats.size(); ++b)
+        page += histogram_svg(stats[b].score, stats[b].threshold, fmt::format("block {} (layer {}): fire rate {:.3f}", b, stats[b].layer, stats[b].fire_rate()));
+    page += "</div></body></html>\n";
+    const auto tmp = o.out + ".tmp";
+    {
+        std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+        if (!f || !(f << page) || !f.flush()) throw hymix::io_error("cannot write '" + tmp + "'");
+    }
+    std::filesystem::rename(tmp, o.out);
+    console::end_lines();
+    std::string rates;
+    for (const auto& s : stats) rates += fmt::format(" {:.3f}", s.fire_rate());
+    fmt::print("wrote {} ({} bytes traced; fire rate per block:{})\n", o.out, n, rates);
+    return exit_ok;
+}
+
+}  // namespace tool

@@ -270,20 +270,25 @@ struct gdn_bwd_scratch {
     std::int64_t C, dk, dv;
     Eigen::VectorXf s_store, u_store, kg_store, gm_store;  // per chunk: S entering [d_k, d_v], U [C, d_v], K Kᵀ ⊙ Γ strictly
                                                            // lower [C, C], Γ [C, C]
+    Eigen::VectorXf eg_store, bet_store;                   // per chunk: e^γ, β [C]
     std::vector<float> gamma, eg, bet, dgam;     // [C]; dgam ends as dg of the chunk's rows
-    std::vector<float> dbet, col;                // [C] dβ of the chunk's rows; pair-term column sums
-    row_matrix gm, kk, a, p, dp, da;             // [C, C]
+    std::vector<float> dbet, col;                // [C] dβ of the chunk's rows; pair-term column suffix sums
+    row_matrix gm, kk, a, p, dp, da;             // [C, C]; dp and da are only ever written on and below the
+                                                 // diagonal, so above it they keep the zeros they start with
     row_matrix kd, kl, qc, kc;                   // [C, d_k]; qc, kc: the chunk's Q and K rows, gathered
     row_matrix y;                                // [2C, d_v]: dO rows, then dR rows
     row_matrix z, lhs;                           // [2C, d_k]: Y Sᵀ; [scale·Q ⊙ e^γ ; −K ⊙ β e^γ]
     row_matrix uds;                              // [C, d_k]: U dSᵀ
     row_matrix dqc, dkc, dvc;                    // [C, d_k], [C, d_k], [C, d_v]
-    row_matrix ds, ds_prev, s_run;               // [d_k, d_v]: dS, its update, the running state of the forward sweep
+    row_matrix ds, ds_prev;                      // [d_k, d_v]: dS and its update
     gdn_bwd_scratch(std::int64_t C_, std::int64_t dk_, std::int64_t dv_)
         : C(C_), dk(dk_), dv(dv_), gamma(static_cast<std::size_t>(C_)), eg(gamma.size()), bet(gamma.size()), dgam(gamma.size()),
           dbet(gamma.size()), col(gamma.size()), gm(C_, C_), kk(C_, C_), a(C_, C_), p(C_, C_), dp(C_, C_), da(C_, C_), kd(C_, dk_),
           kl(C_, dk_), qc(C_, dk_), kc(C_, dk_), y(2 * C_, dv_), z(2 * C_, dk_), lhs(2 * C_, dk_), uds(C_, dk_), dqc(C_, dk_), dkc(C_, dk_), dvc(C_, dv_),
-          ds(dk_, dv_), ds_prev(dk_, dv_), s_run(dk_, dv_) {}
+          ds(dk_, dv_), ds_prev(dk_, dv_) {
+        dp.setZero();
+        da.setZero();
+    }
     /// Room for the per-chunk store of a sequence of nc chunks (grows only; contents are not initialised).
     void reserve_chunks(std::int64_t nc) {
         const auto grow = [&](Eigen::VectorXf& x, std::int64_t per) {
@@ -293,11 +298,18 @@ struct gdn_bwd_scratch {
         grow(u_store, C * dv);
         grow(kg_store, C * C);
         grow(gm_store, C * C);
+        grow(eg_store, C);
+        grow(bet_store, C);
     }
     Eigen::Map<row_matrix> S_of(std::int64_t i) { return Eigen::Map<row_matrix>(s_store.data() + i * dk * dv, dk, dv); }
     row_map U_of(std::int64_t i, std::int64_t n) { return row_map(u_store.data() + i * C * dv, n, dv, Eigen::OuterStride<>(dv)); }
     row_map KG_of(std::int64_t i, std::int64_t n) { return row_map(kg_store.data() + i * C * C, n, n, Eigen::OuterStride<>(C)); }
     row_map GM_of(std::int64_t i, std::int64_t n) { return row_map(gm_store.data() + i * C * C, n, n, Eigen::OuterStride<>(C)); }
+    /// e^γ and β of chunk i, saved by the forward sweep, back into eg and bet.
+    void load_decays(std::int64_t i, std::int64_t n) {
+        std::copy_n(eg_store.data() + i * C, n, eg.begin());
+        std::copy_n(bet_store.data() + i * C, n, bet.begin());
+    }
 };
 
 /// This thread's backward scratch for chunks of up to C rows and heads d_k × d_v (rebuilt when the head sizes change or
@@ -328,6 +340,22 @@ inline float dot_fixed(const float* a, const float* b, std::int64_t n) {
     return xsimd::hadd((s0 + s1) + (s2 + s3)) + tail;
 }
 
+/// Σ_i a_i in a fixed order (as dot_fixed).
+inline float sum_fixed(const float* a, std::int64_t n) {
+    using B = xsimd::batch<float>;
+    constexpr std::int64_t W = static_cast<std::int64_t>(B::size);
+    B s0(0.f), s1(0.f);
+    std::int64_t i = 0;
+    for (; i + 2 * W <= n; i += 2 * W) {
+        s0 += B::load_unaligned(a + i);
+        s1 += B::load_unaligned(a + i + W);
+    }
+    for (; i + W <= n; i += W) s0 += B::load_unaligned(a + i);
+    float tail = 0.f;
+    for (; i < n; ++i) tail += a[i];
+    return xsimd::hadd(s0 + s1) + tail;
+}
+
 /// X ← (I + A)⁻ᵀ X for A [n, n] strictly lower (diagonal and upper part not read), X [n, m]: backward substitution
 /// X_i = X_i − Σ_{j>i} A_ji X_j in blocks of 16 rows from the bottom (one GEMM with the rows solved after each block,
 /// then the transposed 16 × 16 diagonal block). Row i of the result depends on rows ≥ i of X only.
@@ -341,8 +369,8 @@ inline void unit_lower_transposed_solve(const const_row_map& A, row_map X) {
     }
 }
 
-/// The per-chunk quantities both sweeps rebuild from g and β: γ, e^γ (flushed) and β. (The mask Γ is built once, by the
-/// forward sweep, and kept.)
+/// The per-chunk quantities of the forward sweep from g and β: γ, e^γ (flushed) and β (kept for the backward sweep, as
+/// is the mask Γ).
 inline void gdn_bwd_decays(tensor_view<const float, 2> g, tensor_view<const float, 2> beta, std::int64_t t, std::int64_t hv,
                            std::int64_t n, gdn_bwd_scratch& w) {
     gdn_cumsum_tile(g, t, hv, n, w.gamma.data());
@@ -352,18 +380,20 @@ inline void gdn_bwd_decays(tensor_view<const float, 2> g, tensor_view<const floa
     }
 }
 
-/// Forward sweep, one chunk (rows [t, t + n) of value head hv): from the state S entering it, stores S, Γ,
-/// KG = strict_lower(K Kᵀ ⊙ Γ) and U = (I + A)⁻¹ R, R = diag(β)(V − (K ⊙ e^γ) S), into slot i of the store, then advances S
-/// to the state leaving the chunk.
-inline void gdn_bwd_forward_chunk(Eigen::Map<row_matrix> S, tensor_view<const float, 2> g, std::int64_t t, std::int64_t hv,
-                                  const_row_map K_in, const_row_map V, std::int64_t i, std::int64_t n, gdn_bwd_scratch& w) {
+/// Forward sweep, one chunk (rows [t, t + n) of value head hv) of a sequence of nc chunks: from the state S entering it
+/// (slot i of the store), stores e^γ, β, Γ, KG = strict_lower(K Kᵀ ⊙ Γ) and U = (I + A)⁻¹ R, R = diag(β)(V − (K ⊙ e^γ) S),
+/// in slot i, and the state leaving it in slot i + 1 (when there is a next chunk).
+inline void gdn_bwd_forward_chunk(tensor_view<const float, 2> g, std::int64_t t, std::int64_t hv, const_row_map K_in, const_row_map V,
+                                  std::int64_t i, std::int64_t nc, std::int64_t n, gdn_bwd_scratch& w) {
     // The chunk's keys gathered into contiguous rows: rows of one head in a [n_rows, H, d] tensor lie H·d floats apart,
     // a power-of-two stride whose rows fall into the same cache sets.
     w.kc.topRows(n) = K_in;
     const const_row_map K(w.kc.data(), n, w.dk, Eigen::OuterStride<>(w.dk));
     gdn_decay_mask_tile(g, t, hv, n, w.gm);
     w.GM_of(i, n) = w.gm.topLeftCorner(n, n);
-    w.S_of(i) = S;
+    std::copy_n(w.eg.begin(), n, w.eg_store.data() + i * w.C);
+    std::copy_n(w.bet.begin(), n, w.bet_store.data() + i * w.C);
+    const Eigen::Map<row_matrix> S = w.S_of(i);
     row_map KG = w.KG_of(i, n), U = w.U_of(i, n);
     row_map A(w.a.data(), n, n, Eigen::OuterStride<>(w.a.cols()));
     w.kk.topLeftCorner(n, n).triangularView<Eigen::Lower>() = K * K.transpose();
@@ -379,7 +409,12 @@ inline void gdn_bwd_forward_chunk(Eigen::Map<row_matrix> S, tensor_view<const fl
     U.noalias() -= w.kd.topRows(n) * S;
     for (std::int64_t r = 0; r < n; ++r) U.row(r) *= w.bet[static_cast<std::size_t>(r)];
     unit_lower_solve(as_const(A), U);
-    gdn_state_update_tile(S.data(), K, w.gm, w.eg[static_cast<std::size_t>(n - 1)], as_const(U), w.kd);
+    if (i + 1 == nc) return;  // the state after the last chunk is not needed
+    // S' = e^{γ_last} S + (K ⊙ Γ_last,·)ᵀ U.
+    Eigen::Map<row_matrix> Sn = w.S_of(i + 1);
+    for (std::int64_t r = 0; r < n; ++r) w.kd.row(r) = w.gm(n - 1, r) * K.row(r);
+    Sn = w.eg[static_cast<std::size_t>(n - 1)] * S;
+    Sn.noalias() += w.kd.topRows(n).transpose() * U;
 }
 
 /// Backward sweep, one chunk (slot i of the store; w.ds holds dS', the gradient of the state leaving the chunk, and
@@ -430,31 +465,34 @@ inline void gdn_bwd_backward_chunk(const_row_map Q_in, const_row_map K_in, const
     for (std::int64_t r = 0; r < n; ++r) {
         const float br = w.bet[sz(r)], er = w.eg[sz(r)];
         const float kz = dot_fixed(K.row(r).data(), Z.row(n + r).data(), dk);  // k_r·(S dR_r)
-        float db = dot_fixed(dR.row(r).data(), V.row(r).data(), w.dv) - er * kz;
+        w.dbet[sz(r)] = dot_fixed(dR.row(r).data(), V.row(r).data(), w.dv) - er * kz - dot_fixed(&DA(r, 0), &KG(r, 0), r);
         w.dgam[sz(r)] = scale * er * dot_fixed(Q.row(r).data(), Z.row(r).data(), dk) - br * er * kz;
-        for (std::int64_t c = 0; c < r; ++c) {
-            const float dA = -DA(r, c);
-            db += dA * KG(r, c);
-            DA(r, c) = dP(r, c) * P(r, c) + dA * br * KG(r, c);
-            A(r, c) = dA * br * w.gm(r, c);
+        float* __restrict x = &DA(r, 0);
+        float* __restrict m = &A(r, 0);
+        float* __restrict pr = &P(r, 0);
+        const float* __restrict dpr = &dP(r, 0);
+        const float* __restrict kgr = &KG(r, 0);
+        const float* __restrict gmr = &w.gm(r, 0);
+        for (std::int64_t c = 0; c < r; ++c) {  // dA = −DA
+            const float dA = -x[c];
+            x[c] = dpr[c] * pr[c] + dA * br * kgr[c];
+            m[c] = dA * br * gmr[c];
         }
-        for (std::int64_t c = 0; c <= r; ++c) P(r, c) = scale * dP(r, c) * w.gm(r, c);
-        for (std::int64_t c = r; c < n; ++c) A(r, c) = 0.f;
-        w.dbet[sz(r)] = db;
+        for (std::int64_t c = 0; c <= r; ++c) pr[c] = scale * dpr[c] * gmr[c];
+        std::fill(m + r, m + n, 0.f);
     }
     // The state leaving the chunk: e^{γ_last}⟨S, dS'⟩ (single) and Γ_last,c k_c·(dS' u_c) (pairs (last, c)).
     w.dgam[sz(last)] += eg_last * dot_fixed(S.data(), w.ds.data(), dk * w.dv);
     for (std::int64_t c = 0; c < last; ++c) DA(last, c) += w.gm(last, c) * dot_fixed(K.row(c).data(), w.uds.row(c).data(), dk);
-    // dg_m = Σ_{r ≥ m} y_r + Σ_{r ≥ m} Σ_{c < m} X_rc: row prefix sums of X, summed down each column.
+    // dg_m = Σ_{r ≥ m} y_r + Σ_{c < m} F_mc with F_mc = Σ_{r ≥ m} X_rc: rows added bottom-up into column suffix sums.
     std::fill_n(w.col.begin(), n, 0.f);
-    for (std::int64_t r = 1; r < n; ++r) {
-        float pre = 0.f;
-        for (std::int64_t m = 1; m <= r; ++m) w.col[sz(m)] += pre += DA(r, m - 1);
-    }
     float run = 0.f;
     for (std::int64_t r = last; r >= 0; --r) {
+        float* __restrict col = w.col.data();
+        const float* __restrict x = &DA(r, 0);
+        for (std::int64_t c = 0; c < r; ++c) col[c] += x[c];
         run += w.dgam[sz(r)];
-        w.dgam[sz(r)] = run + w.col[sz(r)];
+        w.dgam[sz(r)] = run + sum_fixed(col, r);
     }
     // dQ = scale·e^γ ⊙ (S do) + Dp K;  dK = Dpᵀ Q + Γ_last ⊙ (U dS'ᵀ) − β e^γ ⊙ (S dR) + (M + Mᵀ) K.
     auto dQ = w.dqc.topRows(n), dK = w.dkc.topRows(n);
@@ -523,23 +561,21 @@ void gated_delta_rule_chunked_backward(const Backend& be, const seq_batch& batch
             const std::int64_t hk = hv / r, slot = batch.slots[static_cast<std::size_t>(s)];
             const std::int64_t c0 = chunks.first_chunk(s), nc = chunks.first_chunk(s + 1) - c0;
             w.reserve_chunks(nc);
-            // Forward sweep: the state entering every chunk, U and K Kᵀ ⊙ Γ.
-            detail::row_matrix& S = w.s_run;
+            // Forward sweep: the state entering every chunk, U, K Kᵀ ⊙ Γ, Γ, e^γ and β.
             if (state0.data)
-                S = Eigen::Map<const detail::row_matrix>(&state0(slot, hv, 0, 0), Dk, Dv);
+                w.S_of(0) = Eigen::Map<const detail::row_matrix>(&state0(slot, hv, 0, 0), Dk, Dv);
             else
-                S.setZero();
-            Eigen::Map<detail::row_matrix> Sm(S.data(), Dk, Dv);
+                w.S_of(0).setZero();
             for (std::int64_t ci = 0; ci < nc; ++ci) {
                 const std::int64_t t = chunks.row(c0 + ci), len = chunks.length(c0 + ci);
                 detail::gdn_bwd_decays(g, beta, t, hv, len, w);
-                detail::gdn_bwd_forward_chunk(Sm, g, t, hv, detail::rows_of(k, t, hk, len), detail::rows_of(v, t, hv, len), ci, len, w);
+                detail::gdn_bwd_forward_chunk(g, t, hv, detail::rows_of(k, t, hk, len), detail::rows_of(v, t, hv, len), ci, nc, len, w);
             }
             // Backward sweep, last chunk first, dS' = 0 after the last token.
             w.ds.setZero();
             for (std::int64_t ci = nc - 1; ci >= 0; --ci) {
                 const std::int64_t t = chunks.row(c0 + ci), len = chunks.length(c0 + ci);
-                detail::gdn_bwd_decays(g, beta, t, hv, len, w);
+                w.load_decays(ci, len);
                 const detail::row_map dV = dv.data ? detail::rows_of(dv, t, hv, len)
                                                    : detail::row_map(w.dvc.data(), len, Dv, Eigen::OuterStride<>(Dv));
                 detail::gdn_bwd_backward_chunk(detail::rows_of(q, t, hk, len), detail::rows_of(k, t, hk, len),

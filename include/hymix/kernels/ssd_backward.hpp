@@ -14,7 +14,8 @@
 //               dC = diag(e^α) dY H + tril(dCB) B,  dB = diag(w) U dS + tril(dCB)ᵀ C,
 //               dH = e^{α_L} dS + (diag(e^α) dY)ᵀ C  (the state gradient carried to the previous chunk),
 //               dα_i = Σ_j (dM ⊙ M)_ij − Σ_k (dM ⊙ M)_ki + e^{α_i}⟨(dY H)_i, C_i⟩ − w_i⟨(U dS)_i, B_i⟩
-//                      (+ Σ_j w_j⟨(U dS)_j, B_j⟩ + e^{α_L}⟨dS, H⟩ at the last row),
+//                      (+ Σ_j w_j⟨(U dS)_j, B_j⟩ + e^{α_L}⟨dS, H⟩ at the last row; w_i⟨(U dS)_i, B_i⟩ = ⟨u_i, w_i dS B_i⟩
+//                      is read off the dU term, so the per-head U dS is only needed summed over a group's heads),
 //               and α_i = A Σ_{m≤i} Δ_m gives dΔ_m += A Σ_{i≥m} dα_i, dA += Σ_m Δ_m Σ_{i≥m} dα_i.
 //   Every exponent is α or a difference α_i − α_j (j ≤ i) clamped to ≤ 0, so every exp factor is ≤ 1 and masked
 //   entries are never exponentiated (spec.md §8.12).

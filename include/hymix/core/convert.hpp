@@ -12,6 +12,25 @@
 
 namespace hymix {
 
+namespace detail {
+// Lane masks (all ones / all zeros) for unsigned lanes below 2^31, from the sign of a difference. xsimd 8's
+// integer `select` does not compile at -O0 with GCC 12 on AVX-512BW (its blend intrinsics need the
+// optimiser), so the conversions below blend with these masks instead.
+using u32_batch = xsimd::batch<std::uint32_t>;
+/// Lanes where a < c (a, c < 2^31).
+inline u32_batch mask_less(const u32_batch& a, std::uint32_t c) noexcept {
+    return xsimd::bitwise_cast<u32_batch>(xsimd::bitwise_cast<xsimd::batch<std::int32_t>>(a - u32_batch(c)) >> 31);
+}
+/// Lanes where a > c (a, c < 2^31).
+inline u32_batch mask_greater(const u32_batch& a, std::uint32_t c) noexcept {
+    return xsimd::bitwise_cast<u32_batch>(xsimd::bitwise_cast<xsimd::batch<std::int32_t>>(u32_batch(c) - a) >> 31);
+}
+/// m ? a : b, lane by lane, for all-ones / all-zeros masks m.
+inline u32_batch blend(const u32_batch& m, const u32_batch& a, const u32_batch& b) noexcept {
+    return (a & m) | (b & ~m);
+}
+}  // namespace detail
+
 /// bf16 -> f32, n elements. Exact (bf16 is a truncated f32).
 inline void convert(const bf16* src, float* dst, std::size_t n) noexcept {
     using u32 = xsimd::batch<std::uint32_t>;
@@ -36,8 +55,8 @@ inline void convert(const float* src, bf16* dst, std::size_t n) noexcept {
         const f32 f = f32::load_unaligned(src + i);
         const u32 u = xsimd::bitwise_cast<u32>(f);
         u32 r = (u + u32(0x7fffu) + ((u >> 16) & u32(1u))) >> 16;
-        const auto is_nan = (u & u32(0x7fffffffu)) > u32(0x7f800000u);
-        r = xsimd::select(is_nan, (u >> 16) | u32(0x40u), r);
+        const u32 is_nan = detail::mask_greater(u & u32(0x7fffffffu), 0x7f800000u);
+        r = detail::blend(is_nan, (u >> 16) | u32(0x40u), r);
         alignas(64) std::uint32_t tmp[W];
         r.store_aligned(tmp);
         for (std::size_t j = 0; j < W; ++j) d[i + j] = static_cast<std::uint16_t>(tmp[j]);
@@ -60,7 +79,7 @@ inline void convert(const f16* src, float* dst, std::size_t n) noexcept {
         const u32 em = (h & u32(0x7fffu)) << 13;
         const u32 scaled = xsimd::bitwise_cast<u32>(xsimd::bitwise_cast<f32>(em) * scale);
         const u32 special = em | u32(0x7f800000u);
-        const u32 r = xsimd::select(em >= u32(0x0f800000u), special, scaled) | sign;
+        const u32 r = detail::blend(detail::mask_less(em, 0x0f800000u), scaled, special) | sign;
         xsimd::bitwise_cast<f32>(r).store_unaligned(dst + i);
     }
     for (; i < n; ++i) dst[i] = src[i].to_float();
@@ -81,9 +100,9 @@ inline void convert(const float* src, f16* dst, std::size_t n) noexcept {
         // subnormal / zero results: adding 0.5 aligns the f16 ulp (2^-24) with the f32 mantissa's last bit
         const u32 sub = xsimd::bitwise_cast<u32>(xsimd::bitwise_cast<f32>(au) + f32(0.5f)) - u32(0x3f000000u);
         const u32 norm = (au + u32(0xc8000fffu) + ((au >> 13) & u32(1u))) >> 13;
-        u32 r = xsimd::select(au < u32(0x38800000u), sub, norm);
-        r = xsimd::select(au >= u32(0x477ff000u), u32(0x7c00u), r);
-        r = xsimd::select(au > u32(0x7f800000u), u32(0x7e00u), r);
+        u32 r = detail::blend(detail::mask_less(au, 0x38800000u), sub, norm);
+        r = detail::blend(detail::mask_less(au, 0x477ff000u), r, u32(0x7c00u));
+        r = detail::blend(detail::mask_greater(au, 0x7f800000u), u32(0x7e00u), r);
         r = r | sign;
         alignas(64) std::uint32_t tmp[W];
         r.store_aligned(tmp);

@@ -1,7 +1,7 @@
 // The Oryx multi-mixer layer (spec.md §6.2–6.5): one head structure whose keys, values, output gate, gated norm and
 // output projection are shared by a softmax-attention read-out (W_Q^attn, RoPE, KV cache) and a linear read-out
 // (Gated DeltaNet or Mamba-2 SSD with W_Q^lin); every token updates both the KV cache and the linear state and a
-// per-token mode selects the read-out. Inference forward and step; the
+// per-token mode selects the read-out. Inference forward and step, training forward_train and backward; the
 // config, weights and state are in oryx_config.hpp, the fp64 reference in oryx_ref.hpp. Source: arXiv 2605.28769 as
 // summarised in spec.md §6.1.
 #pragma once
@@ -28,12 +28,20 @@
 #include "hymix/mixer/oryx_config.hpp"
 #include "hymix/mixer/oryx_ref.hpp"
 #include "hymix/ops/attention.hpp"
+#include "hymix/ops/attention_backward.hpp"
 #include "hymix/ops/conv1d.hpp"
+#include "hymix/ops/conv1d_backward.hpp"
 #include "hymix/ops/elementwise.hpp"
 #include "hymix/ops/gated_delta.hpp"
+#include "hymix/ops/gated_delta_backward.hpp"
+#include "hymix/ops/gates_backward.hpp"
 #include "hymix/ops/linear.hpp"
+#include "hymix/ops/linear_backward.hpp"
 #include "hymix/ops/norm.hpp"
+#include "hymix/ops/norm_backward.hpp"
+#include "hymix/ops/rope_backward.hpp"
 #include "hymix/ops/ssd.hpp"
+#include "hymix/ops/ssd_backward.hpp"
 #include "hymix/schedule/mode_schedule.hpp"
 
 namespace hymix {
@@ -205,7 +213,51 @@ public:
         run(be, st, as_validated(batch, st.n_slots(), tmp), x, y, modes, true);
     }
 
+    // ---- Training (issue 10 on issue 8's engine): forward_train keeps O(T·d) activations, backward runs the ops'
+    // backwards in reverse. Every row is in one mode (a per-row list, e.g. a block_random draw): W_Q^attn sees only
+    // the attention rows' gradients, the linear read-out only the linear rows' (spec.md §6.5); the tied K, V, G, O,
+    // norm and convs get both.
+
+    /// What forward_train keeps for backward, per token about 13·H·d_h + 4·H floats (O(T·d); no [T, T] matrix: the
+    /// attention backward recomputes its probabilities from q, k and the LSE; the linear mixer's chunk states are
+    /// recomputed by its backward). Buffers grow and are reused across calls.
+    struct train_cache {
+        std::int64_t n_rows = 0;
+        std::vector<unsigned char> attn;         // [n] 1: the row was read out by attention (live rows only)
+        std::vector<float> qlp, kp, vp, g;       // [n, H·d_h] projections (the convs' inputs; g the norm's gate)
+        std::vector<float> ga, gb, gv, gbeta;    // [n, H] gate pre-activations (GDN a, b; Mamba-2 dt) and gates (g, β; Δ)
+        std::vector<float> ql, k, kl, v;         // [n, H·d_h] conv outputs: q_l, k (before RoPE), L2(k) (GDN), v
+        std::vector<float> kr;                   // [n, H·d_h] RoPE(k): the attention keys
+        std::vector<float> qa;                   // [Nq, H·d_h] RoPE(x W_Q^attnᵀ) of the attention rows
+        std::vector<float> lse;                  // [Nq, H] their LSE
+        std::vector<float> o, on;                // [n, H·d_h] the selected read-out and the gated norm's output
+    };
+
+    /// Training forward from empty states (KV cache, linear and conv states zero) over the sequences of `batch`
+    /// (packed; slots are ignored, every sequence runs). x, y [n_rows, d]; modes [n_rows] (1 attention, 0 linear; empty:
+    /// the config's default mode). Rows outside every sequence get y = 0. Equals forward() on a fresh state. Throws
+    /// shape_error on bad shapes, overlapping sequences or a mode list of the wrong length.
+    template <host_backend B>
+    void forward_train(const B& be, const seq_batch& batch, tensor_view<const float, 2> x, tensor_view<float, 2> y, train_cache& tc,
+                       std::span<const unsigned char> modes = {}) const;
+
+    /// Backward of forward_train (same batch): dy [n_rows, d] the gradient of y; dx [n_rows, d] overwritten (0 outside
+    /// sequences); parameter gradients accumulated (+=) into g (from weights().zeros_like()). Order: W_O → gated norm →
+    /// the attention rows' flash-style backward (RoPE transposed on q_a and k) and the linear rows' chunked backward
+    /// (GDN: gated delta rule, gates; Mamba-2: SSD, Δ) → short convs (+ SiLU, L2) → the input projections. Throws
+    /// shape_error on mismatched shapes or a cache of another batch.
+    template <host_backend B>
+    void backward(const B& be, const seq_batch& batch, const train_cache& tc, tensor_view<const float, 2> x, tensor_view<const float, 2> dy,
+                  tensor_view<float, 2> dx, oryx_weights& g) const;
+
 private:
+    /// The plan of a training call: every sequence runs from position 0 in a dense slot.
+    detail::oryx_plan train_plan(const seq_batch& batch, std::span<const unsigned char> modes) const {
+        seq_batch tb = batch;
+        for (std::size_t i = 0; i < tb.slots.size(); ++i) tb.slots[i] = static_cast<std::int64_t>(i);
+        return detail::make_oryx_plan(tb, modes, cfg_.default_mode, [](std::int64_t) { return std::int64_t{0}; }, true);
+    }
+
     /// One run of consecutive attention rows of a sequence: rows r0 + [t, e) of the sequence starting at row r0, whose
     /// queries are qa rows [qi, qi + e − t); it sees the keys r0 + [0, e) (plus a slot's cached ones in inference).
     struct attention_run {
@@ -442,6 +494,279 @@ private:
     oryx_config cfg_;
     oryx_weights w_;
 };
+
+// ---- Training forward and backward ----------------------------------------------------------------------------
+
+namespace detail {
+
+/// Per-thread scratch of the Oryx training calls (grown to the largest call, reused).
+inline std::vector<float>& oryx_train_workspace() {
+    thread_local std::vector<float> ws;
+    return ws;
+}
+
+inline void oryx_grow(std::vector<float>& v, std::int64_t m) {
+    if (static_cast<std::int64_t>(v.size()) < m) v.resize(static_cast<std::size_t>(m));
+}
+
+}  // namespace detail
+
+template <host_backend B>
+void oryx::forward_train(const B& be, const seq_batch& batch, tensor_view<const float, 2> x, tensor_view<float, 2> y, train_cache& tc,
+                         std::span<const unsigned char> modes) const {
+    check_xy(batch, x, y, "oryx::forward_train");
+    const auto p = train_plan(batch, modes);
+    const std::int64_t n = p.n, H = cfg_.n_heads, HD = cfg_.inner(), dh = cfg_.head_dim, nq = p.nq();
+    const bool gdn = cfg_.is_gdn();
+    tc.n_rows = n;
+    tc.attn = p.attn;
+    for (auto* b : {&tc.qlp, &tc.kp, &tc.vp, &tc.g, &tc.ql, &tc.k, &tc.v, &tc.kr, &tc.o, &tc.on}) detail::oryx_grow(*b, n * HD);
+    if (gdn) detail::oryx_grow(tc.kl, n * HD);
+    for (auto* b : {&tc.ga, &tc.gb, &tc.gv, &tc.gbeta}) detail::oryx_grow(*b, n * H);
+    detail::oryx_grow(tc.qa, nq * HD);
+    detail::oryx_grow(tc.lse, nq * H);
+    if (n == 0) return;
+    const auto mat = [](std::vector<float>& b, std::int64_t rows, std::int64_t cols) { return tensor_view<float, 2>(b.data(), {rows, cols}); };
+    const auto qlp = mat(tc.qlp, n, HD), kp = mat(tc.kp, n, HD), vp = mat(tc.vp, n, HD), g = mat(tc.g, n, HD), ql = mat(tc.ql, n, HD),
+               k = mat(tc.k, n, HD), kl = gdn ? mat(tc.kl, n, HD) : tensor_view<float, 2>(), v = mat(tc.v, n, HD), kr = mat(tc.kr, n, HD),
+               o = mat(tc.o, n, HD), on = mat(tc.on, n, HD), ga = mat(tc.ga, n, H), gb = mat(tc.gb, n, H), gv = mat(tc.gv, n, H),
+               gbeta = mat(tc.gbeta, n, H), qa = mat(tc.qa, nq, HD), lse = mat(tc.lse, nq, H);
+    // 1. Projections; rows outside every sequence are zeroed so nothing there (padding, NaN) reaches the gradients.
+    project(be, x, qlp, kp, vp, g, ga, gb);
+    for (const auto& t : {qlp, kp, vp, g, ga, gb}) ops::zero_rows(be, t, std::span<const unsigned char>(p.live));
+    // 2. Short convs from zero states, gates, and the linear read-out of every row from zero linear states.
+    convolve(be, p, qlp, kp, vp, ql, k, kl, v, nullptr, nullptr);
+    gates(be, ga, gb, gv, gbeta);
+    auto& ws = detail::oryx_train_workspace();
+    const std::int64_t S = std::max<std::int64_t>(static_cast<std::int64_t>(p.seqs.size()), 1), ssz = S * H * dh * dh;
+    detail::oryx_grow(ws, ssz);
+    std::fill_n(ws.begin(), ssz, 0.f);
+    linear_readout(be, p, ql, gdn ? kl : k, v, gv, gbeta, tensor_view<float, 4>(ws.data(), {S, H, dh, dh}), o, false);
+    // 3. Attention keys RoPE(k); the attention rows' queries and their runs overwrite o.
+    ops::copy(be, detail::oryx_heads(tensor_view<const float, 2>(k), H, dh), detail::oryx_heads(kr, H, dh));
+    ops::rope(be, detail::oryx_heads(kr, H, dh), p.pos, kernels::rope_mode::rotate_half, cfg_.rope_theta, dh);
+    if (nq > 0) {
+        attention_queries(be, p, x, qa);
+        std::vector<kernels::attention_problem<float>> probs;
+        for (const auto& r : attention_runs(p)) {
+            kernels::attention_problem<float> pr;
+            pr.q = detail::oryx_heads(tensor_view<const float, 2>(qa), H, dh).slice(r.qi, r.e - r.t);
+            pr.k = tensor_view<const float, 3>(kr.data + r.r0 * HD, {r.e, H, dh});
+            pr.v = tensor_view<const float, 3>(v.data + r.r0 * HD, {r.e, H, dh});
+            pr.o = detail::oryx_heads(o, H, dh).slice(r.r0 + r.t, r.e - r.t);
+            pr.lse = tensor_view<float, 2>(lse.data + r.qi * H, {r.e - r.t, H});
+            probs.push_back(pr);
+        }
+        ops::attention_prefill(be, std::span<const kernels::attention_problem<float>>(probs), kernels::attention_params{});
+    }
+    // 4. Gated norm and W_O.
+    output(be, p, o, g, on, y);
+}
+
+template <host_backend B>
+void oryx::backward(const B& be, const seq_batch& batch, const train_cache& tc, tensor_view<const float, 2> x, tensor_view<const float, 2> dy,
+                    tensor_view<float, 2> dx, oryx_weights& gw) const {
+    const std::int64_t n = batch.n_rows, d = cfg_.d_model, H = cfg_.n_heads, HD = cfg_.inner(), dh = cfg_.head_dim, K = cfg_.d_conv;
+    x.require_shape({n, d}, "oryx::backward", "x [n_rows, d_model]");
+    dy.require_shape({n, d}, "oryx::backward", "dy [n_rows, d_model]");
+    dx.require_shape({n, d}, "oryx::backward", "dx [n_rows, d_model]");
+    if (x.strides[1] != 1 || dy.strides[1] != 1 || dx.strides[1] != 1) throw shape_error("oryx::backward: x, dy and dx need unit inner stride");
+    if (tc.n_rows != n || static_cast<std::int64_t>(tc.attn.size()) != n)
+        throw shape_error("oryx::backward: the train_cache holds " + std::to_string(tc.n_rows) + " rows, the batch has " + std::to_string(n) +
+                          " (run forward_train on this batch first)");
+    gw.validate(cfg_);
+    const auto p = train_plan(batch, tc.attn);
+    const std::int64_t nq = p.nq();
+    if (nq * HD > static_cast<std::int64_t>(tc.qa.size()))
+        throw shape_error("oryx::backward: the train_cache holds fewer attention rows than the batch (run forward_train on this batch first)");
+    if (n == 0) return;
+    const bool gdn = cfg_.is_gdn();
+    const std::span<const unsigned char> live(p.live);
+    // Scratch.
+    auto& ws = detail::oryx_train_workspace();
+    const std::int64_t need = 2 * n * d + 16 * n * HD + 4 * n * H + nq * (HD + 2 * d) + H;
+    detail::oryx_grow(ws, need);
+    float* sp = ws.data();
+    const auto take = [&](std::int64_t rows, std::int64_t cols) {
+        tensor_view<float, 2> t(sp, {rows, cols});
+        sp += rows * cols;
+        return t;
+    };
+    const auto dym = take(n, d), tmp = take(n, d), don = take(n, HD), d_o = take(n, HD), dgate = take(n, HD), dol = take(n, HD),
+               dkr = take(n, HD), dva = take(n, HD), dkrun = take(n, HD), dvrun = take(n, HD), dql = take(n, HD), dkl = take(n, HD),
+               dvl = take(n, HD), dqlp = take(n, HD), dkp = take(n, HD), dkp2 = take(n, HD), dvp = take(n, HD), dgv = take(n, H),
+               dbeta = take(n, H), dga = take(n, H), dgb = take(n, H), dqa = take(nq, HD), xq = take(nq, d), dxq = take(nq, d);
+    float* dA = sp;
+    const auto cmat = [](const std::vector<float>& b, std::int64_t rows, std::int64_t cols) {
+        return tensor_view<const float, 2>(b.data(), {rows, cols});
+    };
+    const auto qlp = cmat(tc.qlp, n, HD), kp = cmat(tc.kp, n, HD), vp = cmat(tc.vp, n, HD), g = cmat(tc.g, n, HD), ql = cmat(tc.ql, n, HD),
+               k = cmat(tc.k, n, HD), v = cmat(tc.v, n, HD), kr = cmat(tc.kr, n, HD), o = cmat(tc.o, n, HD), on = cmat(tc.on, n, HD),
+               ga = cmat(tc.ga, n, H), gb = cmat(tc.gb, n, H), gv = cmat(tc.gv, n, H), gbeta = cmat(tc.gbeta, n, H), qa = cmat(tc.qa, nq, HD),
+               lse = cmat(tc.lse, nq, H);
+    const auto kl = gdn ? cmat(tc.kl, n, HD) : tensor_view<const float, 2>();
+    const auto heads = [&](auto m) { return detail::oryx_heads(m, H, dh); };
+    const auto rows = [&](auto m, std::int64_t r0, std::int64_t len) {  // rows [r0, r0 + len) of an [n, H·d_h] matrix as heads
+        using V = decltype(detail::oryx_heads(m, H, dh));
+        return V(m.data + r0 * m.strides[0], {len, H, dh}, {m.strides[0], dh, 1});
+    };
+    // 1. dy outside every sequence is ignored (y was zeroed there); W_O.
+    ops::copy(be, tensor_view<const float, 3>(dy.data, {n, 1, d}, {dy.strides[0], d, 1}), tensor_view<float, 3>(dym.data, {n, 1, d}));
+    ops::zero_rows(be, dym, live);
+    ops::linear_backward(be, on, w_.o_proj.view<2>(), tensor_view<const float, 2>(dym), don, gw.o_proj.view<2>(), nullptr);
+    // 2. Gated norm (norm-then-gate per head): dL/do and dL/dg.
+    ops::gated_rms_norm_backward(be, heads(o), heads(g), w_.o_norm.data(), dh, kernels::gate_order::norm_then_gate, cfg_.norm_eps,
+                                 heads(tensor_view<const float, 2>(don)), heads(d_o), heads(dgate), gw.o_norm.data());
+    ops::zero_rows(be, dgate, live);
+    // 3. Attention rows: flash-style backward per run. Runs of one sequence share its keys, so the j-th runs of all
+    //    sequences go in one call (their dk, dv into per-sequence scratch), added onto the keys' and values' gradients.
+    std::fill_n(dkr.data, n * HD, 0.f);
+    std::fill_n(dva.data, n * HD, 0.f);
+    if (nq > 0) {
+        const auto runs = attention_runs(p);
+        std::vector<std::vector<attention_run>> per_seq(p.seqs.size());
+        for (const auto& r : runs) per_seq[static_cast<std::size_t>(r.seq)].push_back(r);
+        std::vector<unsigned char> ones;
+        for (std::size_t round = 0;; ++round) {
+            std::vector<kernels::attention_backward_problem<float>> probs;
+            std::vector<attention_run> used;
+            for (const auto& rs : per_seq) {
+                if (round >= rs.size()) continue;
+                const auto& r = rs[round];
+                kernels::attention_backward_problem<float> pr;
+                pr.q = heads(qa).slice(r.qi, r.e - r.t);
+                pr.k = rows(kr, r.r0, r.e);
+                pr.v = rows(v, r.r0, r.e);
+                pr.o = rows(o, r.r0 + r.t, r.e - r.t);
+                pr.lse = tensor_view<const float, 2>(lse.data + r.qi * H, {r.e - r.t, H});
+                pr.dout = rows(tensor_view<const float, 2>(d_o), r.r0 + r.t, r.e - r.t);
+                pr.dq = heads(dqa).slice(r.qi, r.e - r.t);
+                pr.dk = rows(dkrun, r.r0, r.e);
+                pr.dv = rows(dvrun, r.r0, r.e);
+                probs.push_back(pr);
+                used.push_back(r);
+            }
+            if (probs.empty()) break;
+            ops::attention_prefill_backward(be, std::span<const kernels::attention_backward_problem<float>>(probs), kernels::attention_params{});
+            for (const auto& r : used) {
+                ones.assign(static_cast<std::size_t>(r.e), 1);
+                const auto sub = [&](tensor_view<float, 2> m) { return tensor_view<float, 2>(m.data + r.r0 * HD, {r.e, HD}); };
+                ops::add_rows(be, sub(dkr), tensor_view<const float, 2>(sub(dkrun)), std::span<const unsigned char>(ones));
+                ops::add_rows(be, sub(dva), tensor_view<const float, 2>(sub(dvrun)), std::span<const unsigned char>(ones));
+            }
+        }
+        // RoPE transposed on the queries and keys; W_Q^attn from the attention rows only.
+        ops::rope_backward(be, heads(dqa), p.qpos, kernels::rope_mode::rotate_half, cfg_.rope_theta, dh);
+        if (p.dense_q()) {
+            ops::copy(be, tensor_view<const float, 3>(x.data, {n, 1, d}, {x.strides[0], d, 1}), tensor_view<float, 3>(xq.data, {n, 1, d}));
+        } else {
+            ops::gather_rows(be, x, p.qrow_of, xq);
+        }
+        ops::linear_backward(be, tensor_view<const float, 2>(xq), w_.q_attn_proj.view<2>(), tensor_view<const float, 2>(dqa), dxq,
+                             gw.q_attn_proj.view<2>(), nullptr);
+    }
+    ops::rope_backward(be, heads(dkr), p.pos, kernels::rope_mode::rotate_half, cfg_.rope_theta, dh);
+    // 4. Linear rows: the linear mixer's chunked backward from zero states with dL/do of the linear rows only.
+    ops::copy(be, heads(tensor_view<const float, 2>(d_o)), heads(dol));
+    ops::zero_rows(be, dol, std::span<const unsigned char>(p.lin));
+    if (gdn) {
+        ops::gated_delta_chunked_backward(be, p.kb, heads(ql), heads(kl), heads(v), gv, gbeta, 1.f / std::sqrt(static_cast<float>(dh)),
+                                          tensor_view<const float, 4>(), heads(tensor_view<const float, 2>(dol)), heads(dql), heads(dkl),
+                                          heads(dvl), dgv, dbeta, tensor_view<float, 4>(), cfg_.gdn_chunk);
+        ops::gdn_gates_backward(be, ga, gb, w_.dt_bias.data(), w_.A_log.data(), 0.f, false, tensor_view<const float, 2>(dgv),
+                                tensor_view<const float, 2>(dbeta), dga, dgb, gw.dt_bias.data(), gw.A_log.data());
+    } else {
+        const auto A = a_vector();
+        kernels::ssd_inputs<float> in;
+        in.x = heads(v);
+        in.dt = gv;
+        in.A = A.data();
+        in.B = heads(k);
+        in.C = heads(ql);
+        in.D = w_.D.data();
+        std::vector<kernels::ssd_backward_sequence<float>> seqs;
+        for (const auto& s : p.seqs) {
+            kernels::ssd_backward_sequence<float> bs;
+            bs.start = s.start;
+            bs.length = s.len;
+            seqs.push_back(bs);
+        }
+        std::fill_n(dA, H, 0.f);
+        kernels::ssd_grads<float> gr;
+        gr.dx = heads(dvl);
+        gr.ddt = dgv;
+        gr.dB = heads(dkl);
+        gr.dC = heads(dql);
+        gr.dA = dA;
+        gr.dD = gw.D.data();
+        ops::ssd_chunked_backward(be, in, std::span<const kernels::ssd_backward_sequence<float>>(seqs), cfg_.ssd_chunk,
+                                  heads(tensor_view<const float, 2>(dol)), gr);
+        for (std::int64_t h = 0; h < H; ++h) gw.A_log[h] += dA[h] * A[static_cast<std::size_t>(h)];  // dA/dA_log = A
+        ops::ssd_delta_backward(be, ga, w_.dt_bias.data(), 0.f, std::numeric_limits<float>::infinity(), tensor_view<const float, 2>(dgv), dga,
+                                gw.dt_bias.data());
+    }
+    // 5. Short convs (+ SiLU, L2 for GDN) from the saved inputs. k feeds the attention keys (through RoPE) and the
+    //    linear mixer's key (GDN: through its own L2, a second problem on the same input with its own dx).
+    const std::span<const unsigned char> all(p.live);
+    if (gdn) {
+        ops::add_rows(be, dvl, tensor_view<const float, 2>(dva), all);
+    } else {
+        ops::add_rows(be, dvl, tensor_view<const float, 2>(dva), all);
+        ops::add_rows(be, dkl, tensor_view<const float, 2>(dkr), all);
+    }
+    {
+        std::vector<ops::conv_backward_problem<>> convs;
+        const auto add = [&](const detail::oryx_seq& s, tensor_view<const float, 2> in, const tensor<float>& w, tensor<float>& dw,
+                             tensor_view<const float, 2> dout, tensor_view<float, 2> din, bool l2) {
+            ops::conv_backward_problem<> pr;
+            pr.x = tensor_view<const float, 2>(in.data + s.start * HD, {s.len, HD});
+            pr.w = w.view<2>();
+            pr.dout = tensor_view<const float, 2>(dout.data + s.start * HD, {s.len, HD});
+            pr.dx = tensor_view<float, 2>(din.data + s.start * HD, {s.len, HD});
+            pr.dw = dw.view<2>();
+            if (l2) {
+                pr.l2_group = dh;
+                pr.l2_eps = cfg_.l2_eps;
+            }
+            convs.push_back(pr);
+        };
+        for (const auto& s : p.seqs) {
+            add(s, qlp, w_.conv_q, gw.conv_q, dql, dqlp, gdn);
+            add(s, kp, w_.conv_k, gw.conv_k, gdn ? tensor_view<const float, 2>(dkr) : tensor_view<const float, 2>(dkl), dkp, false);
+            if (gdn) add(s, kp, w_.conv_k, gw.conv_k, dkl, dkp2, true);
+            add(s, vp, w_.conv_v, gw.conv_v, dvl, dvp, false);
+        }
+        ops::causal_conv1d_backward(be, std::span<const ops::conv_backward_problem<>>(convs), act());
+    }
+    for (const auto& t : {dqlp, dkp, dkp2, dvp}) ops::zero_rows(be, t, live);
+    if (gdn) ops::add_rows(be, dkp, tensor_view<const float, 2>(dkp2), all);
+    (void)K;
+    // 6. The input projections: dx = Σ d(proj) W_proj (+ the attention rows' query term); their weight gradients.
+    ops::linear_backward(be, x, w_.q_lin_proj.view<2>(), tensor_view<const float, 2>(dqlp), dx, gw.q_lin_proj.view<2>(), nullptr);
+    const auto accum = [&](tensor_view<float, 2> dp, const tensor<float>& w, tensor<float>& dw) {
+        ops::linear_backward(be, x, w.view<2>(), tensor_view<const float, 2>(dp), tmp, dw.view<2>(), nullptr);
+        ops::add_rows(be, dx, tensor_view<const float, 2>(tmp), all);
+    };
+    accum(dkp, w_.k_proj, gw.k_proj);
+    accum(dvp, w_.v_proj, gw.v_proj);
+    accum(dgate, w_.g_proj, gw.g_proj);
+    if (gdn) {
+        accum(dga, w_.a_proj, gw.a_proj);
+        accum(dgb, w_.b_proj, gw.b_proj);
+    } else {
+        accum(dga, w_.dt_proj, gw.dt_proj);
+    }
+    if (nq > 0) {
+        if (p.dense_q()) {
+            ops::add_rows(be, dx, tensor_view<const float, 2>(dxq), all);
+        } else {
+            std::fill_n(tmp.data, n * d, 0.f);
+            ops::scatter_rows(be, tensor_view<const float, 2>(dxq), p.qrow_of, tmp);
+            ops::add_rows(be, dx, tensor_view<const float, 2>(tmp), all);
+        }
+    }
+    ops::zero_rows(be, dx, live);
+}
 
 static_assert(mixer<oryx, cpu_backend>);
 static_assert(mixer<oryx, reference_backend>);

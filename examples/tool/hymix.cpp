@@ -98,6 +98,7 @@ struct command_line {
         logits = command("logits", "logits for input_ids [B, T] (int64) -> logits [B, T, V] (f32) safetensors");
         logits->add_option("--input", logit_files.input, "safetensors file with input_ids")->required();
         logits->add_option("--output", logit_files.output, "safetensors file to write")->required();
+        mode_schedule_option(logits);
         define_train();
         define_amor_train();
     }
@@ -177,20 +178,33 @@ struct command_line {
         train->add_flag("--resume", training.resume, "continue the run in --out from its latest checkpoint");
         train->add_option("--threads,-t", training.threads, fmt::format("worker threads, 0 to {} (0 = all cores)", cores))
             ->check(whole(0, cores, fmt::format("0 = all {} cores", cores)));
-        train->add_option("--stack", s.stack, "mamba2 | gdn | attention | hybrid (GDN with attention on every --attention-every-th layer)")
-            ->check(CLI::IsMember({"mamba2", "gdn", "attention", "hybrid"}));
+        train->add_option("--stack", s.stack,
+                          "mamba2 | gdn | attention | hybrid (GDN with attention on every --attention-every-th layer) | oryx-gdn | "
+                          "oryx-mamba2 (Oryx multi-mixer layers trained in block-random mode)")
+            ->check(CLI::IsMember({"mamba2", "gdn", "attention", "hybrid", "oryx-gdn", "oryx-mamba2"}));
         train->add_option("--d-model", s.d_model, "model width, 8 to 65536")->check(whole(8, 65536));
         train->add_option("--layers", s.n_layers, "layers, 1 to 1024")->check(whole(1, 1024));
         train->add_option("--head-dim", s.head_dim, "head width (Mamba-2 P, GDN d_k = d_v, attention d_h), 1 to 1024")->check(whole(1, 1024));
         train->add_option("--d-state", s.d_state, "Mamba-2 state size N, 1 to 1024")->check(whole(1, 1024));
-        train->add_option("--linear-heads", s.linear_heads, "GDN heads, 1 to 1024")->check(whole(1, 1024));
+        train->add_option("--linear-heads", s.linear_heads, "GDN heads (Oryx: the heads of both read-outs), 1 to 1024")->check(whole(1, 1024));
         train->add_option("--attn-heads", s.attn_heads, "attention query heads, 1 to 1024")->check(whole(1, 1024));
         train->add_option("--attn-kv-heads", s.attn_kv_heads, "attention key/value heads, 1 to 1024")->check(whole(1, 1024));
         train->add_option("--d-ff", s.d_ff, "SwiGLU width (GDN / attention / hybrid stacks), 1 to 1048576")->check(whole(1, 1 << 20));
         train->add_option("--attention-every", s.attention_every, "hybrid: layer i is attention iff (i + 1) % N == 0")->check(whole(1, 1024));
         train->add_flag("--tie-embeddings", s.tie_embeddings, "LM head = embedding matrix");
+        train->add_option("--block-size", s.oryx_block_size, "Oryx: tokens per block of one random read-out mode, 1 to 1048576")
+            ->check(whole(1, 1 << 20));
+        train->add_option("--p-attention", s.oryx_p_attention, "Oryx: probability that a block is read out by attention, [0, 1]")
+            ->check(decimal(0, 1));
         training_options(train, o, lr_decay);
         train->add_option("--export-bf16", export_bf16, "also write the final model with bf16 weights to this directory");
+    }
+
+    /// --schedule: the read-out mode of every token of an Oryx model (spec.md §6.6).
+    void mode_schedule_option(CLI::App* c) {
+        c->add_option("--schedule", common.modes,
+                      "Oryx models: each token's read-out, all_linear | all_attention | linear_prefill_attention_decode | "
+                      "periodic:EVERY[:BLOCK[:OFFSET]] | block_random[:P[:BLOCK[:SEED]]] (default: the config's default_mode)");
     }
 
     /// A command with the options every command has.
@@ -218,6 +232,7 @@ struct command_line {
 
     void define_generate() {
         gen = command("generate", "stream bytes generated from a prompt");
+        mode_schedule_option(gen);
         auto& g = generate.gen;
         auto& sp = g.sampling;
         sp.temperature = 0.8f;
@@ -257,6 +272,7 @@ struct command_line {
     void define_score() {
         score = command("score", "bits per byte of a text file, with a running estimate and its standard error");
         score->add_option("--text", scoring.text, "text file")->required();
+        mode_schedule_option(score);
         offset_opt = score->add_option("--offset", offset, "first byte of the scored range, 0 to 2^50")
                          ->check(whole(0, std::int64_t{1} << 50))
                          ->default_str("0; the held-out offset 4083327 for the KJV of shared/data");

@@ -24,11 +24,13 @@ basic_loaded_model<Model> load_on(const common_options& o) {
     }
     auto cfg = hymix::io::read_json_file(dir / "config.json");
     basic_loaded_model<Model> m{dir, std::move(cfg), o.amor.empty() ? Model::load(dir, o.threads) : Model::load(dir, o.amor, o.threads)};
+    if (!o.modes.empty()) m.model.set_mode_schedule(hymix::parse_mode_schedule(o.modes));
     const double load_s = seconds_since(t0);
     const auto& i = m.model.info();
     const auto& be = m.model.backend();
     console::note("load: {} ({}, {} parameters, {} layers {}) in {:.2f} s", dir.string(), i.architecture, i.n_params,
                   i.n_layers, i.schedule, load_s);
+    if (!o.modes.empty()) console::note("modes: {} (per-token read-out schedule)", o.modes);
     console::note("system: backend {} | {} of {} threads | SIMD {} ({} fp32 lanes) | oneTBB {} | hymix {}", be.name, be.num_threads(),
                   tbb::info::default_concurrency(), be.arch_name(), be.simd_width(), TBB_VERSION_STRING, HYMIX_TOOL_VERSION);
     return m;

@@ -59,6 +59,7 @@ struct common_options {
     std::string backend = "cpu";   // cpu | ref (the fp64 reference backend: exact, slow)
     bool allow_nonfinite = false;  // load weights holding NaN / Inf (with a warning)
     std::string amor;              // an AMOR file (models/amor.hpp) to add to the backbone in --model; empty = none
+    std::string modes;             // Oryx: a mode schedule (schedule/mode_schedule.hpp parse_mode_schedule); empty = default
 };
 
 struct generate_options {

@@ -1,5 +1,6 @@
 // `hymix train`: trains a byte-level language model from scratch (hymix/train/): a Mamba-2, Gated DeltaNet,
-// attention or hybrid stack in the Hugging Face layout of its family, on a text file's training split, with a
+// attention or hybrid stack in the Hugging Face layout of its family, or an Oryx stack (block-random modes, hymix's
+// Oryx layout), on a text file's training split, with a
 // progress line, the loss curve (CSV + SVG) and resumable checkpoints in --out; the result loads with
 // `hymix generate/score --model OUT/checkpoint-<step>` (OUT/latest names it) and with auto_model.
 #include <cstdint>
@@ -22,13 +23,13 @@ namespace {
 
 template <class Model>
 int train_stack(const train_command_options& o, Model m, const nlohmann::json& config, const hymix::train::byte_corpus& corpus,
-                bool resume) {
+                bool resume, const hymix::train::train_setup<Model>& setup) {
     hymix::cpu_backend be(o.threads);
     std::int64_t n_params = 0;
     m.for_each_param([&](const std::string&, hymix::tensor<float>& t) { n_params += t.numel(); });
     console::note("train: {} stack, {} layers, d_model {}, {} parameters; {} bytes of training text, {} held out; {} threads",
                   o.spec.stack, o.spec.n_layers, o.spec.d_model, n_params, corpus.n_train(), corpus.n_heldout(), be.num_threads());
-    const auto r = hymix::train::train_model(be, m, corpus, o.train, hymix::train::hf_setup<Model>(config), o.out, resume, &std::cerr);
+    const auto r = hymix::train::train_model(be, m, corpus, o.train, setup, o.out, resume, &std::cerr);
     console::end_lines();
     fmt::print("trained {} steps ({} tokens) in {:.1f} s: {:.0f} tokens/s; final train loss {:.4f} nats ({:.4f} bits/byte); "
                "held-out bits/byte {:.4f}\n",
@@ -40,6 +41,12 @@ int train_stack(const train_command_options& o, Model m, const nlohmann::json& c
         fmt::print("bf16 export: {}\n", o.export_bf16.string());
     }
     return exit_ok;
+}
+
+/// Block-random modes with the spec's block size and P(attention), varied per step from the run's seed.
+hymix::train::train_setup<hymix::models::oryx_lm_stack> oryx_setup(const train_command_options& o, const nlohmann::json& config) {
+    console::note("train: Oryx block-random mode: blocks of {} tokens, P(attention) {}", o.spec.oryx_block_size, o.spec.oryx_p_attention);
+    return hymix::train::oryx_setup<hymix::models::oryx_lm_stack>(config, o.spec.oryx_block_size, o.spec.oryx_p_attention, o.train.seed);
 }
 
 }  // namespace
@@ -59,12 +66,16 @@ int run_train(const train_command_options& o) {
         hymix::models::checkpoint_reader rd(ck);
         const auto config = rd.config();
         console::note("train: resuming from {}", ck.string());
-        if (config.value("model_type", "") == "mamba2") return train_stack(o, hymix::models::load_hf_mamba2(rd), config, corpus, true);
-        return train_stack(o, hymix::models::load_hf_qwen3_5(rd), config, corpus, true);
+        const auto mt = config.value("model_type", "");
+        if (mt == "mamba2") return train_stack(o, hymix::models::load_hf_mamba2(rd), config, corpus, true, tr::hf_setup<hymix::models::hf_mamba2_stack>(config));
+        if (mt == "oryx") return train_stack(o, hymix::models::load_oryx_lm(rd), config, corpus, true, oryx_setup(o, config));
+        return train_stack(o, hymix::models::load_hf_qwen3_5(rd), config, corpus, true, tr::hf_setup<hymix::models::qwen3_5_hybrid_stack>(config));
     }
     const auto config = tr::hf_config(o.spec);
-    if (o.spec.is_mamba2()) return train_stack(o, tr::random_mamba2_lm(o.spec, o.train.seed), config, corpus, false);
-    return train_stack(o, tr::random_qwen3_5_lm(o.spec, o.train.seed), config, corpus, false);
+    if (o.spec.is_mamba2())
+        return train_stack(o, tr::random_mamba2_lm(o.spec, o.train.seed), config, corpus, false, tr::hf_setup<hymix::models::hf_mamba2_stack>(config));
+    if (o.spec.is_oryx()) return train_stack(o, tr::random_oryx_lm(o.spec, o.train.seed), config, corpus, false, oryx_setup(o, config));
+    return train_stack(o, tr::random_qwen3_5_lm(o.spec, o.train.seed), config, corpus, false, tr::hf_setup<hymix::models::qwen3_5_hybrid_stack>(config));
 }
 
 }  // namespace tool

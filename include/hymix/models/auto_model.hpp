@@ -1,12 +1,15 @@
 // Run-time facade over the compiled stacks: `basic_auto_model<B>::load(dir)` reads config.json, picks the stack type
 // for the checkpoint family (HF Mamba2ForCausalLM, Qwen3_5ForCausalLM text models; spec.md §3.7, §4.7) and hides it
 // behind one API (pimpl: a small virtual interface over `model<...>` instances and their caches), running on a
-// backend of type B: `auto_model` (the CPU backend) or `reference_auto_model` (the fp64 reference backend).
+// backend of type B: `auto_model` (the CPU backend) or `reference_auto_model` (the fp64 reference backend). Oryx
+// models (models/oryx_lm.hpp) read each token's read-out from a mode schedule (set_mode_schedule); the facade keeps
+// every slot's position so that schedules see absolute positions across calls.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -22,6 +25,8 @@
 #include "hymix/models/checkpoint.hpp"
 #include "hymix/models/hf_mamba2.hpp"
 #include "hymix/models/hf_qwen3_5.hpp"
+#include "hymix/models/oryx_lm.hpp"
+#include "hymix/schedule/mode_schedule.hpp"
 
 namespace hymix {
 
@@ -31,13 +36,15 @@ struct model_info {
     std::int64_t n_params = 0, n_layers = 0, d_model = 0, vocab_size = 0;
     std::vector<std::string> layer_kinds;  // "mamba2" | "gated_deltanet" | "attention" per layer
     std::string schedule;                  // compact, e.g. "GGAGGA"
+    bool per_token_modes = false;          // Oryx: every token's read-out comes from a mode schedule
 };
 
 namespace detail {
 
 struct any_cache {
     virtual ~any_cache() = default;
-    const void* owner = nullptr;  // the stack that made it
+    const void* owner = nullptr;     // the stack that made it
+    std::vector<std::int64_t> pos;  // tokens seen per slot (the next token's absolute position)
 };
 
 template <class B>
@@ -47,7 +54,7 @@ struct any_stack {
     virtual void reset_slot(any_cache&, std::int64_t) const = 0;
     virtual void copy_slot(any_cache&, std::int64_t, std::int64_t) const = 0;
     virtual void forward(const B&, any_cache&, const seq_batch&, std::span<const std::int32_t>, tensor_view<float, 2>,
-                         bool last_only) const = 0;
+                         bool last_only, std::span<const unsigned char> modes) const = 0;
     virtual const std::vector<block_stats>& stats(any_cache&) const = 0;
 };
 
@@ -67,17 +74,24 @@ struct stack_holder final : any_stack<B> {
         auto h = std::make_unique<cache_holder>();
         h->c = m.make_cache(n);
         h->owner = this;
+        h->pos.assign(static_cast<std::size_t>(n), 0);
         return h;
     }
-    void reset_slot(any_cache& c, std::int64_t s) const override { get(c).c.reset_slot(s); }
-    void copy_slot(any_cache& c, std::int64_t f, std::int64_t t) const override { get(c).c.copy_slot(f, t); }
+    void reset_slot(any_cache& c, std::int64_t s) const override {
+        get(c).c.reset_slot(s);
+        c.pos[static_cast<std::size_t>(s)] = 0;
+    }
+    void copy_slot(any_cache& c, std::int64_t f, std::int64_t t) const override {
+        get(c).c.copy_slot(f, t);
+        c.pos[static_cast<std::size_t>(t)] = c.pos[static_cast<std::size_t>(f)];
+    }
     const std::vector<block_stats>& stats(any_cache& c) const override { return get(c).c.stats(); }
     void forward(const B& be, any_cache& c, const seq_batch& b, std::span<const std::int32_t> tok,
-                 tensor_view<float, 2> logits, bool last_only) const override {
+                 tensor_view<float, 2> logits, bool last_only, std::span<const unsigned char> modes) const override {
         if (last_only)
-            m.forward_last(be, get(c).c, b, tok, logits);
+            m.forward_last(be, get(c).c, b, tok, logits, modes);
         else
-            m.forward(be, get(c).c, b, tok, logits);
+            m.forward(be, get(c).c, b, tok, logits, {}, modes);
     }
 };
 
@@ -135,9 +149,13 @@ public:
                 am.impl_ = detail::hold<B>(models::load_hf_qwen3_5<models::qwen3_5_gdn_stack>(rd), am.info_);
             else
                 am.impl_ = detail::hold<B>(models::load_hf_qwen3_5<models::qwen3_5_hybrid_stack>(rd), am.info_);
+        } else if (mt == "oryx") {
+            am.info_.architecture = models::config_architecture(j, "OryxForCausalLM");
+            am.impl_ = detail::hold<B>(models::load_oryx_lm(rd), am.info_);
+            am.info_.per_token_modes = true;
         } else {
             throw config_error(rd.config_path() + ": unsupported model_type '" + mt +
-                               "' (supported: mamba2, qwen3_5_text, qwen3_5)");
+                               "' (supported: mamba2, qwen3_5_text, qwen3_5, oryx)");
         }
         am.info_.n_params = rd.n_params();
         return am;
@@ -186,24 +204,58 @@ public:
     /// Prompt caching: slot `to` becomes a copy of slot `from`. Throws shape_error for slots out of range.
     void copy_slot(cache& c, std::int64_t from, std::int64_t to) const { impl_->copy_slot(*checked(c), from, to); }
 
+    /// The read-out schedule of a model with per-token modes (Oryx, spec.md §6.6): every later call reads each token's
+    /// mode from it at the token's absolute position in its slot (counted since the slot's last reset), in the call's
+    /// phase (decode when every sequence of the call holds one token; prefill otherwise), with the sequence's index in
+    /// the call as block_random's sequence id. Without one, the model's default_mode. Throws config_error for a model
+    /// without per-token modes.
+    void set_mode_schedule(any_mode_schedule s) {
+        if (!info_.per_token_modes)
+            throw config_error("auto_model: a " + info_.architecture + " model has no per-token read-out modes (mode schedules are for Oryx models)");
+        std::visit([](const auto& x) {
+            if constexpr (requires { x.validate(); }) x.validate();
+        }, s);
+        schedule_ = std::move(s);
+    }
+    /// The schedule set by set_mode_schedule, if any.
+    const std::optional<any_mode_schedule>& mode_schedule() const noexcept { return schedule_; }
+
     /// tokens: one id per row of the batch (n_rows); logits [n_rows, V] fp32 for every row (zero for rows outside
     /// every sequence). Throws shape_error (sizes, slots), value_error (token id outside [0, V), foreign cache).
     void forward(cache& c, const seq_batch& b, std::span<const std::int32_t> tokens, tensor_view<float, 2> logits) const {
-        impl_->forward(*be_, *checked(c), b, tokens, logits, false);
+        run(c, b, tokens, logits, false);
     }
     /// logits [n_seq, V] of each sequence's last token only (the LM head runs on n_seq rows). Errors as forward.
     void forward_last(cache& c, const seq_batch& b, std::span<const std::int32_t> tokens, tensor_view<float, 2> logits) const {
-        impl_->forward(*be_, *checked(c), b, tokens, logits, true);
+        run(c, b, tokens, logits, true);
     }
 
 private:
     basic_auto_model() = default;
+    void run(cache& c, const seq_batch& b, std::span<const std::int32_t> tokens, tensor_view<float, 2> logits, bool last_only) const {
+        auto& ac = *checked(c);
+        std::vector<std::int64_t> past;
+        std::vector<unsigned char> modes;
+        if (schedule_) {
+            b.validate(static_cast<std::int64_t>(ac.pos.size()));
+            past.assign(static_cast<std::size_t>(b.n_seq()), 0);
+            for (std::int64_t i = 0; i < b.n_seq(); ++i)
+                if (b.slots[static_cast<std::size_t>(i)] >= 0) past[static_cast<std::size_t>(i)] = ac.pos[static_cast<std::size_t>(b.slots[static_cast<std::size_t>(i)])];
+            modes = modes_for(dynamic_mode_schedule{*schedule_}, b, std::span<const std::int64_t>(past));
+        }
+        impl_->forward(*be_, ac, b, tokens, logits, last_only, modes);
+        for (std::int64_t i = 0; i < b.n_seq(); ++i) {
+            const std::int64_t slot = b.slots[static_cast<std::size_t>(i)];
+            if (slot >= 0 && slot < static_cast<std::int64_t>(ac.pos.size())) ac.pos[static_cast<std::size_t>(slot)] += b.lengths[static_cast<std::size_t>(i)];
+        }
+    }
     static detail::any_cache* checked(cache& c) {
         if (!c.p_) throw value_error("auto_model: empty (default-constructed or moved-from) cache");
         return c.p_.get();
     }
 
     model_info info_;
+    std::optional<any_mode_schedule> schedule_;
     std::unique_ptr<B> be_;
     std::unique_ptr<detail::any_stack<B>> impl_;
 };

@@ -4,7 +4,9 @@
 // full_attention, or [linear, linear, full] repeated). The config.json is written first and read back with the
 // loaders' own config readers, so a model built here and one loaded from its directory are the same type with the
 // same configuration. Initialisation: each mixer's own (spec.md §3.5, §4.5), embeddings and MLP projections
-// N(0, 0.02), neutral norm weights (ones for plain RMSNorm, zeros for the zero-centred flavour).
+// N(0, 0.02), neutral norm weights (ones for plain RMSNorm, zeros for the zero-centred flavour). `oryx-gdn` and
+// `oryx-mamba2` have no Hugging Face family: they are written in hymix's Oryx layout (models/oryx_lm.hpp), which
+// auto_model and the tool load as well.
 #pragma once
 
 #include <cstdint>
@@ -24,15 +26,32 @@
 #include "hymix/io/safetensors_writer.hpp"
 #include "hymix/models/hf_mamba2.hpp"
 #include "hymix/models/hf_qwen3_5.hpp"
+#include "hymix/models/oryx_lm.hpp"
 #include "hymix/train/options.hpp"
 
 namespace hymix::train {
+
+/// The Oryx LM configuration of an `oryx-*` spec: H = linear_heads heads of head_dim, SwiGLU d_ff, block-random
+/// training schedule recorded in the config (the run's seed varies the draw per step).
+inline models::oryx_lm_config oryx_lm_config_of(const byte_lm_spec& s) {
+    models::oryx_lm_config c;
+    c.stack = stack_config{s.d_model, s.vocab_size, 1e-6f, s.tie_embeddings};
+    c.mixer.d_model = s.d_model;
+    c.mixer.n_heads = s.linear_heads;
+    c.mixer.head_dim = s.head_dim;
+    c.mixer.linear = s.stack == "oryx-mamba2" ? oryx_linear_kind::mamba2 : oryx_linear_kind::gdn;
+    c.n_layers = s.n_layers;
+    c.d_ff = s.d_ff;
+    c.training_schedule = "block_random:" + std::to_string(s.oryx_p_attention) + ":" + std::to_string(s.oryx_block_size);
+    return c;
+}
 
 /// The config.json of `s` in its family's Hugging Face form (an infinite bound is written {"__float__": "Infinity"},
 /// as transformers writes it; read it back with io::parse_json).
 inline nlohmann::json hf_config(const byte_lm_spec& s) {
     s.validate();
     nlohmann::json j;
+    if (s.is_oryx()) return models::oryx_lm_json(oryx_lm_config_of(s));
     if (s.is_mamba2()) {
         j["architectures"] = {"Mamba2ForCausalLM"};
         j["model_type"] = "mamba2";
@@ -107,7 +126,7 @@ inline std::string hf_tensor_name(bool mamba2_family, const std::string& name, l
     throw value_error("hf_tensor_name: no Hugging Face name for '" + name + "'");
 }
 
-/// Writes `m`'s weights as `dir`/model.safetensors in its family's layout (conv weights as [C, 1, K]) with
+/// Writes `m`'s weights as `dir`/model.safetensors in its family's layout (Oryx: models/oryx_lm.hpp) (conv weights as [C, 1, K]) with
 /// element type `type` (f32, bf16 or f16), and `config` as `dir`/config.json. Both files are written atomically;
 /// `dir` is created. Throws io_error, dtype_error for another element type.
 template <class Model>
@@ -115,13 +134,13 @@ void save_hf(Model& m, const nlohmann::json& config, const std::filesystem::path
     if (type != dtype::f32 && type != dtype::bf16 && type != dtype::f16)
         throw dtype_error("save_hf: weights are written as F32, BF16 or F16, not " + std::string(dtype_name(type)));
     std::filesystem::create_directories(dir);
-    const bool mamba2_family = config.value("model_type", "") == "mamba2";
+    const bool mamba2_family = config.value("model_type", "") == "mamba2", oryx_family = config.value("model_type", "") == "oryx";
     const auto& kinds = m.layer_kinds();
     safetensors::writer w;
     m.for_each_param([&](const std::string& name, tensor<float>& t) {
         layer_kind kind = layer_kind::mamba2;
         if (name.rfind("layers.", 0) == 0) kind = kinds.at(std::stoul(name.substr(7)));
-        const std::string hf = hf_tensor_name(mamba2_family, name, kind);
+        const std::string hf = oryx_family ? models::oryx_tensor_name(name) : hf_tensor_name(mamba2_family, name, kind);
         auto shape = t.shape();
         if (hf.ends_with("conv1d.weight") && shape.size() == 2)
             shape = {shape[0], 1, shape[1]};
@@ -209,6 +228,11 @@ Stack random_qwen3_5_lm(const byte_lm_spec& s, std::uint64_t seed) {
         layers.emplace_back(detail::filled(d, 0.0f), std::move(mixer), detail::filled(d, 0.0f), std::move(mlp));
     }
     return Stack(c.stack, std::move(w), std::move(layers));
+}
+
+/// A freshly initialised Oryx byte LM for an `oryx-*` spec, configured from hf_config(s).
+inline models::oryx_lm_stack random_oryx_lm(const byte_lm_spec& s, std::uint64_t seed) {
+    return models::random_oryx_lm(models::read_oryx_lm_config(io::parse_json(hf_config(s).dump(), "byte_lm_spec"), "byte_lm_spec"), seed);
 }
 
 }  // namespace hymix::train

@@ -17,7 +17,7 @@ namespace hymix::train {
 
 /// What `hymix train` builds: the stack kind and its sizes (bytes: vocab 256).
 struct byte_lm_spec {
-    std::string stack = "mamba2";  ///< mamba2 | gdn | attention | hybrid
+    std::string stack = "mamba2";  ///< mamba2 | gdn | attention | hybrid | oryx-gdn | oryx-mamba2
     std::int64_t d_model = 256;
     std::int64_t n_layers = 6;
     std::int64_t vocab_size = 256;
@@ -25,17 +25,19 @@ struct byte_lm_spec {
     std::int64_t d_state = 64;       ///< Mamba-2 N
     std::int64_t n_groups = 1;       ///< Mamba-2 G
     std::int64_t chunk_size = 64;    ///< Mamba-2 chunk (the GDN chunk is the kernel's)
-    std::int64_t linear_heads = 4;   ///< GDN key = value heads
+    std::int64_t linear_heads = 4;   ///< GDN key = value heads; Oryx heads (both read-outs)
     std::int64_t attn_heads = 4;     ///< attention query heads
     std::int64_t attn_kv_heads = 2;  ///< attention KV heads (GQA)
     std::int64_t d_ff = 512;         ///< SwiGLU width (Qwen3.5 family)
     std::int64_t attention_every = 3;  ///< hybrid: layer i is attention iff (i + 1) % attention_every == 0
     bool tie_embeddings = false;
+    std::int64_t oryx_block_size = 128;  ///< Oryx training: tokens per block of one random mode (spec.md §6.5 default)
+    double oryx_p_attention = 0.5;      ///< Oryx training: probability that a block is in attention mode
 
     /// Throws config_error naming the field.
     void validate() const {
-        if (stack != "mamba2" && stack != "gdn" && stack != "attention" && stack != "hybrid")
-            throw config_error("byte_lm_spec: stack '" + stack + "' is not one of mamba2, gdn, attention, hybrid");
+        if (stack != "mamba2" && stack != "gdn" && stack != "attention" && stack != "hybrid" && !is_oryx())
+            throw config_error("byte_lm_spec: stack '" + stack + "' is not one of mamba2, gdn, attention, hybrid, oryx-gdn, oryx-mamba2");
         auto pos = [](std::int64_t v, const char* n) {
             if (v <= 0) throw config_error(std::string("byte_lm_spec: ") + n + " must be positive, found " + std::to_string(v));
         };
@@ -44,11 +46,17 @@ struct byte_lm_spec {
         pos(vocab_size, "vocab_size");
         pos(head_dim, "head_dim");
         pos(attention_every, "attention_every");
+        pos(oryx_block_size, "oryx_block_size");
+        if (!(oryx_p_attention >= 0.0 && oryx_p_attention <= 1.0))
+            throw config_error("byte_lm_spec: oryx_p_attention must lie in [0, 1], found " + std::to_string(oryx_p_attention));
+        if (is_oryx() && head_dim % 2 != 0)
+            throw config_error("byte_lm_spec: an Oryx head_dim must be even (full-width RoPE), found " + std::to_string(head_dim));
         if (stack == "mamba2" && (2 * d_model) % head_dim != 0)
             throw config_error("byte_lm_spec: 2 · d_model = " + std::to_string(2 * d_model) + " is not a multiple of head_dim " +
                                std::to_string(head_dim));
     }
     bool is_mamba2() const { return stack == "mamba2"; }
+    bool is_oryx() const { return stack == "oryx-gdn" || stack == "oryx-mamba2"; }
     /// Per-layer Qwen3.5 layer_types.
     std::vector<std::string> layer_types() const {
         std::vector<std::string> t;

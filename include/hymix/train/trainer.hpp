@@ -27,6 +27,7 @@
 #include "hymix/core/error.hpp"
 #include "hymix/io/safetensors_reader.hpp"
 #include "hymix/io/safetensors_writer.hpp"
+#include "hymix/schedule/mode_schedule.hpp"
 #include "hymix/text/score.hpp"
 #include "hymix/train/byte_lm.hpp"
 #include "hymix/train/data.hpp"
@@ -171,6 +172,10 @@ struct train_setup {
     std::function<bool(const std::string&)> frozen = [](const std::string&) { return false; };
     std::int64_t frozen_prefix = 0;
     std::function<void(Model&, const std::filesystem::path&)> save;  ///< writes the model into a (new) directory
+    /// The per-token side input of micro-batch `micro` of optimizer step `step` (Oryx: the block-random modes), written
+    /// into `out` ([n_rows] bytes); empty function: none. It must depend only on its arguments, so that a resumed run
+    /// draws what the uninterrupted one drew.
+    std::function<void(const seq_batch& batch, std::int64_t step, std::int64_t micro, std::vector<unsigned char>& out)> side;
 };
 
 /// Trains `m` (in place) on `corpus` on backend `be`, writing into `out_dir`. With `resume`, the run continues from
@@ -311,14 +316,17 @@ train_result train_model(const B& be, Model& m, const byte_corpus& corpus, const
 
     std::int64_t step = opt_state.step();
     const std::int64_t first_step = step;
+    std::vector<unsigned char> side;
     const double budget = opt.minutes > 0 ? opt.minutes * 60.0 : INFINITY;
     while (step < opt.steps && elapsed() < budget && (opt.stop_after <= 0 || step < first_step + opt.stop_after)) {
         zero_grads(ps);
         double loss = 0;
         for (std::int64_t k = 0; k < opt.accum; ++k) {
             const auto tb = sampler.next(micro);
+            side.clear();
+            if (setup.side) setup.side(tb.batch(), step, k, side);
             const auto bl = loss_and_grad(be, m, g, acts, tb.batch(), tb.inputs, tb.targets,
-                                          1.0f / static_cast<float>(tb.n_tokens() * opt.accum));
+                                          1.0f / static_cast<float>(tb.n_tokens() * opt.accum), std::span<const unsigned char>(side));
             loss += bl.mean() / static_cast<double>(opt.accum);
             tokens += tb.n_tokens();
             run_tokens += static_cast<double>(tb.n_tokens());
@@ -393,6 +401,19 @@ template <class Model>
 train_setup<Model> hf_setup(nlohmann::json config) {
     train_setup<Model> s;
     s.save = [config = std::move(config)](Model& m, const std::filesystem::path& dir) { save_hf(m, config, dir, dtype::f32); };
+    return s;
+}
+
+/// The setup of an Oryx byte LM (models/oryx_lm.hpp): saved in hymix's Oryx layout, trained in block-random mode
+/// (spec.md §6.5): every micro-batch draws fresh modes, one per block of `block_size` tokens of each window with
+/// P(attention) = p_attention, shared by all layers, from a seed that mixes `seed`, the step and the micro-batch.
+template <class Model>
+train_setup<Model> oryx_setup(nlohmann::json config, std::int64_t block_size, double p_attention, std::uint64_t seed) {
+    train_setup<Model> s = hf_setup<Model>(std::move(config));
+    s.side = [=](const seq_batch& b, std::int64_t step, std::int64_t micro, std::vector<unsigned char>& out) {
+        const std::uint64_t draw_seed = seed * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(step) * 1000003ULL + static_cast<std::uint64_t>(micro);
+        out = modes_for(block_random{block_size, p_attention, draw_seed}, b, call_phase::prefill);
+    };
     return s;
 }
 

@@ -228,6 +228,19 @@ train)
         expect1 0 "held-out bits/byte" train --stack "$st" "${common[@]}" --steps 4 --d-ff 48 --linear-heads 2 --attn-heads 2 --attn-kv-heads 1 --out "$work/$st"
         expect 0 "Qwen3_5ForCausalLM" info -m "$work/$st/checkpoint-4"
     done
+    # Oryx stacks train in block-random mode and run under every read-out schedule.
+    for st in oryx-gdn oryx-mamba2; do
+        expect1 0 "block-random mode: blocks of 8 tokens" train --stack "$st" "${common[@]}" --steps 4 --d-ff 48 --linear-heads 2 \
+            --block-size 8 --p-attention 0.3 --out "$work/$st"
+        expect 0 "OryxForCausalLM" info -m "$work/$st/checkpoint-4"
+        for sched in all_linear all_attention linear_prefill_attention_decode periodic:4:8 block_random:0.3:8:2; do
+            expect 0 "bits/byte [0-9.]+" score -m "$work/$st/checkpoint-4" --schedule "$sched" --text "$work/text.txt" --bytes 600
+        done
+        expect 0 "modes: linear_prefill_attention_decode" generate -m "$work/$st/checkpoint-4" --schedule linear_prefill_attention_decode \
+            -p "the" -n 8 --seed 1
+    done
+    expect 1 "--schedule: .*unknown" score -m "$work/oryx-gdn/checkpoint-4" --schedule sometimes --text "$work/text.txt" --bytes 600
+    expect 1 "--schedule: .*no per-token read-out modes" score -m "$work/a/checkpoint-24" --schedule all_linear --text "$work/text.txt" --bytes 600
     ;;
 *)
     echo "unknown group $group"

@@ -1,5 +1,8 @@
 // Model loading for the `hymix` tool (the one file that instantiates every compiled stack through
 // auto_model::load, for the CPU and the reference backend): refuses non-finite weights unless --allow-nonfinite, then prints load time and the system line.
+#include <optional>
+#include <string>
+
 #include <oneapi/tbb/info.h>
 #include <oneapi/tbb/version.h>
 
@@ -12,6 +15,14 @@ namespace {
 template <class Model>
 basic_loaded_model<Model> load_on(const common_options& o) {
     const auto dir = resolve_model_dir(o.model);
+    std::optional<hymix::any_mode_schedule> modes;  // parsed first: a mistyped --schedule fails before a long load
+    if (!o.modes.empty()) {
+        try {
+            modes = hymix::parse_mode_schedule(o.modes);
+        } catch (const hymix::config_error& e) {
+            throw usage_error(std::string("--schedule: ") + e.what());
+        }
+    }
     const auto t0 = clock_type::now();
     {
         const auto ck = hymix::safetensors::open_checkpoint(dir);
@@ -24,7 +35,12 @@ basic_loaded_model<Model> load_on(const common_options& o) {
     }
     auto cfg = hymix::io::read_json_file(dir / "config.json");
     basic_loaded_model<Model> m{dir, std::move(cfg), o.amor.empty() ? Model::load(dir, o.threads) : Model::load(dir, o.amor, o.threads)};
-    if (!o.modes.empty()) m.model.set_mode_schedule(hymix::parse_mode_schedule(o.modes));
+    if (modes) {
+        if (!m.model.info().per_token_modes)
+            throw usage_error("--schedule: " + dir.string() + " is a " + m.model.info().architecture +
+                              " model, which has no per-token read-out modes (schedules choose the read-out of Oryx models)");
+        m.model.set_mode_schedule(*modes);
+    }
     const double load_s = seconds_since(t0);
     const auto& i = m.model.info();
     const auto& be = m.model.backend();

@@ -2,7 +2,9 @@
 # Oryx against single-mixer baselines on a byte-level text (issue 10): trains Oryx-GDN, Oryx-Mamba-2, GDN, Mamba-2 and
 # attention stacks of the same width and depth for the same number of steps (= the same tokens), then scores each on
 # the held-out bytes with the protocol of shared/models/README.md (offset 4083327, 131072 bytes, full windows of 512
-# and 2048) — the Oryx models under every inference schedule. Writes docs/oryx_compare.csv and docs/oryx_compare.md.
+# and 2048) — the Oryx models under every inference schedule. Writes docs/oryx_compare.csv and docs/oryx_compare.md,
+# then the mode-switch curves of both Oryx models (examples/oryx_switch.cpp: 128 held-out windows of 256 bytes, switch
+# at 128) as docs/oryx_switch_{gdn,mamba2}.csv/.svg.
 # Usage: scripts/oryx_compare.sh [TEXT] (default ../shared/data/kjv.txt); environment: STEPS (300), THREADS (1),
 # D_MODEL (128), LAYERS (4), D_FF (256), HYMIX (the tool, default build/release/examples/tool/hymix), RUNS (run dirs,
 # default build/oryx_compare). Progress goes to stderr; the whole run is reproducible from this one command.
@@ -57,3 +59,11 @@ done
                    printf "| %s | %s | %s | %s | %s | %s |\n", a[1], p[k], s[k], a[2], v[k, 512], v[k, 2048] } }' "$csv"
 } >docs/oryx_compare.md
 echo "oryx_compare: wrote $csv and docs/oryx_compare.md" >&2
+switch=${SWITCH:-build/release/examples/example_oryx_switch}
+if [ -x "$switch" ]; then
+    for k in gdn mamba2; do
+        "$switch" "$runs/oryx-$k/$(cat "$runs/oryx-$k/latest")" "$text" "docs/oryx_switch_$k" 4083327 128 256 128 >&2
+    done
+else
+    echo "oryx_compare: $switch not built (cmake --build --preset release --target example_oryx_switch): no switch curves" >&2
+fi

@@ -1,6 +1,7 @@
-// Oryx layer speed per read-out schedule (issue 10; spec.md §6.6), beside the single-mixer layers of the same width:
-// decode steps at a context of n tokens (1K–64K) and prefill of T tokens, for the Oryx-GDN and Oryx-Mamba-2 layers
-// (d 256, 4 heads × 64) in all-linear, all-attention and periodic (one block of 128 in 8 attends) modes, and the
+// Oryx layer speed per read-out (issue 10; spec.md §6.6), beside the single-mixer layers of the same width: decode
+// steps at a context of n tokens (1K–64K) read out linearly or by attention (a decode step is one or the other, under
+// any schedule), and prefill of T tokens under all-linear, all-attention and periodic (one block of 128 in 8 attends)
+// schedules, for the Oryx-GDN and Oryx-Mamba-2 layers (d 256, 4 heads × 64), and the
 // attention (4 heads × 64) and Gated DeltaNet (4/4 heads × 64) layers. Contexts are filled outside the timed loop
 // (Oryx: a linear-mode prefill, which fills the KV cache too); each timed decode step is rolled back off the KV cache
 // so the context stays n. Tokens/s is the figure to compare; FLOPs and bytes count the per-token work of spec.md
@@ -39,15 +40,24 @@ std::vector<unsigned char> modes_of(int schedule, std::int64_t p0, std::int64_t 
     return m;
 }
 
-/// Per-token projection FLOPs of the Oryx layer (q of the used read-out, k, v, g, gates, W_O) and the read-out.
-double oryx_token_flops(bool attention_row, std::int64_t n_ctx) {
+/// Per-token FLOPs of the Oryx layer (spec.md §6.6): the projections every row needs (q_l, k, v, g, the gate rows:
+/// GDN a and b, Mamba-2 dt) and W_O, the linear state update (GDN ≈ 5·H·d_h², Mamba-2 ≈ 3·H·d_h²), then the read-out:
+/// attention rows add q_a (2·d·H·d_h) and 4·n·H·d_h over a context of n, linear rows 2·H·d_h².
+double oryx_token_flops(bool gdn, bool attention_row, std::int64_t n_ctx) {
     const double d = D, hd = H * DH;
-    const double proj = 2.0 * d * hd * 5.0 + 2.0 * d * 2.0 * H;  // q, k, v, g, o (+ the gate projections)
-    const double lin_state = 5.0 * H * DH * DH;
-    return proj + lin_state + (attention_row ? 4.0 * static_cast<double>(n_ctx) * hd : 2.0 * H * DH * DH);
+    const double proj = 2.0 * d * hd * 5.0 + 2.0 * d * (gdn ? 2.0 : 1.0) * H;
+    const double state = (gdn ? 5.0 : 3.0) * H * DH * DH;
+    return proj + state + (attention_row ? 2.0 * d * hd + 4.0 * static_cast<double>(n_ctx) * hd : 2.0 * H * DH * DH);
 }
 
-// Args: instance (1 GDN, 0 Mamba-2), schedule (0 linear, 1 attention, 2 periodic), context n.
+/// Bytes one decode step reads and writes: the weight matrices it uses (q_l, k, v, g, W_O, + q_a on attention rows;
+/// the gate rows), the linear state read and written, and the KV cache read by an attention row (n keys and values).
+double oryx_step_bytes(bool gdn, bool attention_row, std::int64_t n_ctx) {
+    const double hd = H * DH, mats = attention_row ? 6.0 : 5.0;
+    return 4.0 * (mats * D * hd + (gdn ? 2.0 : 1.0) * H * D + 2.0 * H * DH * DH + (attention_row ? 2.0 * static_cast<double>(n_ctx) * hd : 0.0));
+}
+
+// Args: instance (1 GDN, 0 Mamba-2), read-out of the step (0 linear, 1 attention), context n.
 void BM_oryx_decode(benchmark::State& st) {
     const bool gdn = st.range(0) != 0;
     const int schedule = static_cast<int>(st.range(1));
@@ -76,8 +86,7 @@ void BM_oryx_decode(benchmark::State& st) {
         benchmark::DoNotOptimize(y.data());
     }
     const bool att = mode[0] != 0;
-    const double bytes = 4.0 * (7.0 * D * H * DH + H * DH * DH * 2.0 + (att ? 2.0 * static_cast<double>(n) * H * DH : 0.0));
-    hymix::bench::report(st, 1.0, oryx_token_flops(att, n), bytes, be.num_threads());
+    hymix::bench::report(st, 1.0, oryx_token_flops(gdn, att, n), oryx_step_bytes(gdn, att, n), be.num_threads());
 }
 
 // Args: instance, schedule, T. Prefill of T tokens from an empty state.
@@ -93,7 +102,7 @@ void BM_oryx_prefill(benchmark::State& st) {
     const auto modes = modes_of(schedule, 0, T);
     const auto batch = hymix::seq_batch::dense(1, T);
     double flops = 0;
-    for (std::int64_t t = 0; t < T; ++t) flops += oryx_token_flops(modes[static_cast<std::size_t>(t)] != 0, t + 1) - (modes[static_cast<std::size_t>(t)] ? 2.0 * (t + 1) * H * DH : 0.0);
+    for (std::int64_t t = 0; t < T; ++t) flops += oryx_token_flops(gdn, modes[static_cast<std::size_t>(t)] != 0, t + 1);  // causal: t + 1 keys
     for (auto _ : st) {
         st.PauseTiming();
         auto state = m.make_state(1);
@@ -163,7 +172,8 @@ void BM_gdn_decode(benchmark::State& st) {
         m.step(be, state, batch, hymix::tensor_view<const float, 2>(x.data(), {1, D}), hymix::tensor_view<float, 2>(y.data(), {1, D}));
         benchmark::DoNotOptimize(y.data());
     }
-    hymix::bench::report(st, 1.0, oryx_token_flops(false, 0), 4.0 * (7.0 * D * H * DH + H * DH * DH * 2.0), be.num_threads());
+    // The GDN layer: q, k, v, z, W_O and the a, b rows; the same state update and read-out as Oryx-GDN's linear rows.
+    hymix::bench::report(st, 1.0, oryx_token_flops(true, false, 0), oryx_step_bytes(true, false, 0), be.num_threads());
 }
 
 }  // namespace

@@ -5,14 +5,15 @@
 # and 2048) — the Oryx models under every inference schedule. Writes docs/oryx_compare.csv and docs/oryx_compare.md,
 # then the mode-switch curves of both Oryx models (examples/oryx_switch.cpp: 128 held-out windows of 256 bytes, switch
 # at 128) as docs/oryx_switch_{gdn,mamba2}.csv/.svg.
-# Usage: scripts/oryx_compare.sh [TEXT] (default ../shared/data/kjv.txt); environment: STEPS (300), THREADS (1),
+# Usage: scripts/oryx_compare.sh [TEXT] (default ../shared/data/kjv.txt); environment: STEPS (250), THREADS (1),
 # D_MODEL (128), LAYERS (4), D_FF (256), HYMIX (the tool, default build/release/examples/tool/hymix), RUNS (run dirs,
-# default build/oryx_compare). Progress goes to stderr; the whole run is reproducible from this one command.
+# default build/oryx_compare), NOTE (a sentence added to the report, e.g. what else ran on the machine). Progress goes
+# to stderr; the whole run is reproducible from this one command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 text=${1:-../shared/data/kjv.txt}
 tool=${HYMIX:-build/release/examples/tool/hymix}
-steps=${STEPS:-300} threads=${THREADS:-1} d=${D_MODEL:-128} layers=${LAYERS:-4} dff=${D_FF:-256}
+steps=${STEPS:-250} threads=${THREADS:-1} d=${D_MODEL:-128} layers=${LAYERS:-4} dff=${D_FF:-256}
 runs=${RUNS:-build/oryx_compare}
 [ -x "$tool" ] || { echo "oryx_compare: build the tool first (cmake --preset release && cmake --build --preset release)" >&2; exit 2; }
 [ -f "$text" ] || { echo "oryx_compare: no text file '$text'" >&2; exit 2; }
@@ -35,7 +36,12 @@ for st in oryx-gdn oryx-mamba2 gdn mamba2 attention; do
         for w in 512 2048; do
             args=(score -m "$ck" --text "$text" --offset 4083327 --bytes 131072 --window "$w" --full-windows --threads "$threads")
             [ "$sched" = default ] || args+=(--schedule "$sched")
-            line=$("$tool" "${args[@]}" 2>&1 | grep -E "^bits/byte" | tail -1)
+            if ! "$tool" "${args[@]}" >"$runs/score.out" 2>&1; then
+                echo "oryx_compare: hymix ${args[*]} failed:" >&2
+                cat "$runs/score.out" >&2
+                exit 1
+            fi
+            line=$(grep -E "^bits/byte" "$runs/score.out" | tail -1)
             bpb=$(echo "$line" | awk '{print $2}')
             err=$(echo "$line" | awk '{print $4}')
             echo "$st,$params,$steps,$tokens,$secs,$sched,$w,$bpb,$err" >>"$csv"
@@ -49,7 +55,7 @@ done
     echo "Byte-level stacks of d_model $d, $layers layers, d_ff $dff, heads of 32, trained $steps steps of 16 × 256 bytes"
     echo "(equal tokens, seed 1, lr 2e-3) on the first 95% of \`$(basename "$text")\`; held-out bits/byte with the"
     echo "protocol of shared/models/README.md. Oryx: block-random training, blocks of 64, P(attention) 0.5."
-    echo "Machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $threads thread(s). Raw numbers: [oryx_compare.csv](oryx_compare.csv)."
+    echo "Machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $threads thread(s).${NOTE:+ $NOTE} Raw numbers: [oryx_compare.csv](oryx_compare.csv)."
     echo
     echo "| stack | parameters | train s | schedule | bpb @512 | bpb @2048 |"
     echo "|---|---|---|---|---|---|"

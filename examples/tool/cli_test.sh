@@ -239,6 +239,11 @@ train)
         expect 0 "modes: linear_prefill_attention_decode" generate -m "$work/$st/checkpoint-4" --schedule linear_prefill_attention_decode \
             -p "the" -n 8 --seed 1
     done
+    # A resumed Oryx run draws with the block size and P(attention) it was started with, whatever the command line says.
+    expect1 0 "held-out bits/byte" train --stack oryx-gdn "${common[@]}" --steps 4 --d-ff 48 --linear-heads 2 --block-size 8 \
+        --p-attention 0.3 --stop-after 2 --out "$work/oryx-r"
+    expect1 0 "blocks of 8 tokens, P\(attention\) 0.3 \(the run's own" train --stack oryx-gdn "${common[@]}" --steps 4 --d-ff 48 \
+        --linear-heads 2 --out "$work/oryx-r" --resume
     expect 1 "--schedule: .*unknown" score -m "$work/oryx-gdn/checkpoint-4" --schedule sometimes --text "$work/text.txt" --bytes 600
     expect 1 "--schedule: .*no per-token read-out modes" score -m "$work/a/checkpoint-24" --schedule all_linear --text "$work/text.txt" --bytes 600
     ;;

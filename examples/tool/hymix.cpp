@@ -1,9 +1,11 @@
-// hymix — run Hugging Face Mamba-2 / Qwen3.5 (GDN, GDN+attention) checkpoints from the command line.
+// hymix — run Hugging Face Mamba-2 / Qwen3.5 (GDN, GDN+attention) checkpoints and hymix's Oryx models from the
+// command line (--schedule: an Oryx model's per-token read-out on generate, score and logits).
 //   hymix info     --model DIR
 //   hymix generate --model DIR --prompt TEXT | -f FILE  [-n N --temperature T --top-k K --top-p P --min-p P ...]
-//   hymix score    --model DIR --text FILE [--offset O --bytes N --window L --full-windows]
+//   hymix score    --model DIR --text FILE [--offset O --bytes N --window L --full-windows --schedule S]
 //   hymix logits   --model DIR --input IN.safetensors --output OUT.safetensors
-//   hymix train    --stack mamba2|gdn|attention|hybrid --text FILE [--d-model D --layers L --minutes M ...]
+//   hymix train    --stack mamba2|gdn|attention|hybrid|oryx-gdn|oryx-mamba2 --text FILE [--d-model D --layers L
+//                  --minutes M --block-size B --p-attention P ...]
 //   hymix amor-train --model BACKBONE --text FILE [--blocks K --kappa κ --steps N ...]
 //   hymix amor-trace --model BACKBONE --amor FILE --text FILE [--offset O --bytes N --out PAGE.html]
 // This file defines the command line and maps failures to exit codes (tool.hpp); each command lives in its own
@@ -184,12 +186,12 @@ struct command_line {
             ->check(CLI::IsMember({"mamba2", "gdn", "attention", "hybrid", "oryx-gdn", "oryx-mamba2"}));
         train->add_option("--d-model", s.d_model, "model width, 8 to 65536")->check(whole(8, 65536));
         train->add_option("--layers", s.n_layers, "layers, 1 to 1024")->check(whole(1, 1024));
-        train->add_option("--head-dim", s.head_dim, "head width (Mamba-2 P, GDN d_k = d_v, attention d_h), 1 to 1024")->check(whole(1, 1024));
+        train->add_option("--head-dim", s.head_dim, "head width (Mamba-2 P, GDN d_k = d_v, attention and Oryx d_h), 1 to 1024")->check(whole(1, 1024));
         train->add_option("--d-state", s.d_state, "Mamba-2 state size N, 1 to 1024")->check(whole(1, 1024));
         train->add_option("--linear-heads", s.linear_heads, "GDN heads (Oryx: the heads of both read-outs), 1 to 1024")->check(whole(1, 1024));
         train->add_option("--attn-heads", s.attn_heads, "attention query heads, 1 to 1024")->check(whole(1, 1024));
         train->add_option("--attn-kv-heads", s.attn_kv_heads, "attention key/value heads, 1 to 1024")->check(whole(1, 1024));
-        train->add_option("--d-ff", s.d_ff, "SwiGLU width (GDN / attention / hybrid stacks), 1 to 1048576")->check(whole(1, 1 << 20));
+        train->add_option("--d-ff", s.d_ff, "SwiGLU width (GDN / attention / hybrid / Oryx stacks), 1 to 1048576")->check(whole(1, 1 << 20));
         train->add_option("--attention-every", s.attention_every, "hybrid: layer i is attention iff (i + 1) % N == 0")->check(whole(1, 1024));
         train->add_flag("--tie-embeddings", s.tie_embeddings, "LM head = embedding matrix");
         train->add_option("--block-size", s.oryx_block_size, "Oryx: tokens per block of one random read-out mode, 1 to 1048576")

@@ -44,7 +44,7 @@ int run_logits(const common_options& c, const logits_options& o) {
         }
         auto cache = m.model.make_cache(B);
         hymix::tensor<float> logits({B * T, V});
-        m.model.forward(cache, hymix::seq_batch::dense(B, T), tokens, logits.view<2>());
+        m.model.forward(cache, hymix::seq_batch::dense(B, T), tokens, logits.view<2>(), hymix::call_phase::prefill);
         const auto bad = hymix::first_nonfinite(std::span<const float>(logits.data(), static_cast<std::size_t>(logits.numel())));
         if (bad >= 0) {
             const auto what = fmt::format("the logits hold {} at [{}, {}, {}]", hymix::nonfinite_name(logits[bad]), bad / (T * V),

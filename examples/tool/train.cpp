@@ -8,11 +8,13 @@
 #include <fstream>
 #include <iostream>
 #include <string>
+#include <variant>
 
 #include <nlohmann/json.hpp>
 
 #include "hymix/backend/cpu.hpp"
 #include "hymix/models/checkpoint.hpp"
+#include "hymix/schedule/mode_schedule.hpp"
 #include "hymix/train/byte_lm.hpp"
 #include "hymix/train/trainer.hpp"
 #include "tool.hpp"
@@ -43,10 +45,24 @@ int train_stack(const train_command_options& o, Model m, const nlohmann::json& c
     return exit_ok;
 }
 
-/// Block-random modes with the spec's block size and P(attention), varied per step from the run's seed.
-hymix::train::train_setup<hymix::models::oryx_lm_stack> oryx_setup(const train_command_options& o, const nlohmann::json& config) {
-    console::note("train: Oryx block-random mode: blocks of {} tokens, P(attention) {}", o.spec.oryx_block_size, o.spec.oryx_p_attention);
-    return hymix::train::oryx_setup<hymix::models::oryx_lm_stack>(config, o.spec.oryx_block_size, o.spec.oryx_p_attention, o.train.seed);
+/// Block-random modes varied per step from the run's seed: the spec's block size and P(attention) for a new run; for a
+/// resumed one those the run was started with (config.json's training_schedule), so that it draws what the
+/// uninterrupted run drew.
+hymix::train::train_setup<hymix::models::oryx_lm_stack> oryx_setup(const train_command_options& o, const nlohmann::json& config,
+                                                                   bool resume) {
+    std::int64_t block = o.spec.oryx_block_size;
+    double p = o.spec.oryx_p_attention;
+    if (resume) {
+        const auto spec = config.value("training_schedule", std::string());
+        const auto s = hymix::parse_mode_schedule(spec);  // config_error naming the spec when it is not one
+        const auto* br = std::get_if<hymix::block_random>(&s);
+        if (!br) throw hymix::config_error("the run's config.json has training_schedule \"" + spec + "\", not a block_random schedule");
+        block = br->block_size;
+        p = br->p_attention;
+    }
+    console::note("train: Oryx block-random mode: blocks of {} tokens, P(attention) {}{}", block, p,
+                  resume ? " (the run's own: --block-size and --p-attention are not read on --resume)" : "");
+    return hymix::train::oryx_setup<hymix::models::oryx_lm_stack>(config, block, p, o.train.seed);
 }
 
 }  // namespace
@@ -68,13 +84,13 @@ int run_train(const train_command_options& o) {
         console::note("train: resuming from {}", ck.string());
         const auto mt = config.value("model_type", "");
         if (mt == "mamba2") return train_stack(o, hymix::models::load_hf_mamba2(rd), config, corpus, true, tr::hf_setup<hymix::models::hf_mamba2_stack>(config));
-        if (mt == "oryx") return train_stack(o, hymix::models::load_oryx_lm(rd), config, corpus, true, oryx_setup(o, config));
+        if (mt == "oryx") return train_stack(o, hymix::models::load_oryx_lm(rd), config, corpus, true, oryx_setup(o, config, true));
         return train_stack(o, hymix::models::load_hf_qwen3_5(rd), config, corpus, true, tr::hf_setup<hymix::models::qwen3_5_hybrid_stack>(config));
     }
     const auto config = tr::hf_config(o.spec);
     if (o.spec.is_mamba2())
         return train_stack(o, tr::random_mamba2_lm(o.spec, o.train.seed), config, corpus, false, tr::hf_setup<hymix::models::hf_mamba2_stack>(config));
-    if (o.spec.is_oryx()) return train_stack(o, tr::random_oryx_lm(o.spec, o.train.seed), config, corpus, false, oryx_setup(o, config));
+    if (o.spec.is_oryx()) return train_stack(o, tr::random_oryx_lm(o.spec, o.train.seed), config, corpus, false, oryx_setup(o, config, false));
     return train_stack(o, tr::random_qwen3_5_lm(o.spec, o.train.seed), config, corpus, false, tr::hf_setup<hymix::models::qwen3_5_hybrid_stack>(config));
 }
 

@@ -218,7 +218,8 @@ public:
     // the attention rows' gradients, the linear read-out only the linear rows' (spec.md §6.5); the tied K, V, G, O,
     // norm and convs get both.
 
-    /// What forward_train keeps for backward, per token about 13·H·d_h + 4·H floats (O(T·d); no [T, T] matrix: the
+    /// What forward_train keeps for backward, per token 11·H·d_h + 4·H floats for GDN (10·H·d_h + 4·H for Mamba-2) plus
+    /// H·d_h + H per attention row (O(T·d); no [T, T] matrix: the
     /// attention backward recomputes its probabilities from q, k and the LSE; the linear mixer's chunk states are
     /// recomputed by its backward). Buffers grow and are reused across calls.
     struct train_cache {

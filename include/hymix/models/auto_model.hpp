@@ -206,8 +206,9 @@ public:
 
     /// The read-out schedule of a model with per-token modes (Oryx, spec.md §6.6): every later call reads each token's
     /// mode from it at the token's absolute position in its slot (counted since the slot's last reset), in the call's
-    /// phase (decode when every sequence of the call holds one token; prefill otherwise), with the sequence's index in
-    /// the call as block_random's sequence id. Without one, the model's default_mode. Throws config_error for a model
+    /// phase (as stated by the caller; else decode when every sequence of the call holds one token, prefill otherwise),
+    /// with the sequence's index in the call as block_random's sequence id (so block_random draws depend on how
+    /// sequences are batched; use it for experiments, periodic or lists for reproducible serving). Without one, the model's default_mode. Throws config_error for a model
     /// without per-token modes.
     void set_mode_schedule(any_mode_schedule s) {
         if (!info_.per_token_modes)
@@ -223,16 +224,27 @@ public:
     /// tokens: one id per row of the batch (n_rows); logits [n_rows, V] fp32 for every row (zero for rows outside
     /// every sequence). Throws shape_error (sizes, slots), value_error (token id outside [0, V), foreign cache).
     void forward(cache& c, const seq_batch& b, std::span<const std::int32_t> tokens, tensor_view<float, 2> logits) const {
-        run(c, b, tokens, logits, false);
+        run(c, b, tokens, logits, false, std::nullopt);
+    }
+    /// As forward, with the call's phase stated (a prompt chunk of one token is still a prefill): the phase a mode
+    /// schedule sees. Without it the phase is read from the call's shape (one token per sequence: decode).
+    void forward(cache& c, const seq_batch& b, std::span<const std::int32_t> tokens, tensor_view<float, 2> logits, call_phase phase) const {
+        run(c, b, tokens, logits, false, phase);
     }
     /// logits [n_seq, V] of each sequence's last token only (the LM head runs on n_seq rows). Errors as forward.
     void forward_last(cache& c, const seq_batch& b, std::span<const std::int32_t> tokens, tensor_view<float, 2> logits) const {
-        run(c, b, tokens, logits, true);
+        run(c, b, tokens, logits, true, std::nullopt);
+    }
+    /// As forward_last, with the call's phase stated.
+    void forward_last(cache& c, const seq_batch& b, std::span<const std::int32_t> tokens, tensor_view<float, 2> logits,
+                      call_phase phase) const {
+        run(c, b, tokens, logits, true, phase);
     }
 
 private:
     basic_auto_model() = default;
-    void run(cache& c, const seq_batch& b, std::span<const std::int32_t> tokens, tensor_view<float, 2> logits, bool last_only) const {
+    void run(cache& c, const seq_batch& b, std::span<const std::int32_t> tokens, tensor_view<float, 2> logits, bool last_only,
+             std::optional<call_phase> phase) const {
         auto& ac = *checked(c);
         std::vector<std::int64_t> past;
         std::vector<unsigned char> modes;
@@ -241,7 +253,8 @@ private:
             past.assign(static_cast<std::size_t>(b.n_seq()), 0);
             for (std::int64_t i = 0; i < b.n_seq(); ++i)
                 if (b.slots[static_cast<std::size_t>(i)] >= 0) past[static_cast<std::size_t>(i)] = ac.pos[static_cast<std::size_t>(b.slots[static_cast<std::size_t>(i)])];
-            modes = modes_for(dynamic_mode_schedule{*schedule_}, b, std::span<const std::int64_t>(past));
+            const dynamic_mode_schedule ds{*schedule_};
+            modes = phase ? modes_for(ds, b, *phase, std::span<const std::int64_t>(past)) : modes_for(ds, b, std::span<const std::int64_t>(past));
         }
         impl_->forward(*be_, ac, b, tokens, logits, last_only, modes);
         for (std::int64_t i = 0; i < b.n_seq(); ++i) {

@@ -7,10 +7,11 @@
 // inference reads the mode of every token from a schedule (schedule/mode_schedule.hpp; auto_model::set_mode_schedule).
 //
 // config.json keys: model_type "oryx", architectures ["OryxForCausalLM"], hidden_size, num_hidden_layers, vocab_size,
-// intermediate_size, num_heads, head_dim, conv_kernel (4), linear_mixer ("gated_deltanet" | "mamba2"), rms_norm_eps
+// intermediate_size, num_heads, head_dim, conv_kernel (4), linear_mixer ("gated_deltanet" (or "gdn") | "mamba2"), rms_norm_eps
 // (block and final norms, 1e-6), o_norm_eps (1e-5), l2_eps (1e-6), rope_theta (10000), gdn_chunk_size (64),
 // ssd_chunk_size (128), default_mode ("attention" | "linear": the read-out when no schedule is given),
-// tie_word_embeddings (false), and informative training_schedule (the block-random draw it was trained with).
+// tie_word_embeddings (false), and training_schedule (the block-random schedule it is trained with, e.g.
+// "block_random:0.500000:128"; a resumed run reads it back).
 #pragma once
 
 #include <cstdint>
@@ -37,7 +38,7 @@ struct oryx_lm_config {
     stack_config stack;
     oryx_config mixer;
     std::int64_t n_layers = 0, d_ff = 0;
-    std::string training_schedule;  // informative, e.g. "block_random:0.5:64:0"
+    std::string training_schedule;  // e.g. "block_random:0.500000:128" (P(attention), block size)
 };
 
 /// The config.json of `c` (see the file comment for the keys).

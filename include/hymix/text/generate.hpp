@@ -17,6 +17,7 @@
 #include "hymix/core/error.hpp"
 #include "hymix/core/seq_batch.hpp"
 #include "hymix/core/tensor.hpp"
+#include "hymix/schedule/mode_schedule.hpp"
 #include "hymix/text/sampler.hpp"
 #include "hymix/text/tokenizer.hpp"
 
@@ -43,7 +44,12 @@ void prefill(const M& model, typename M::cache& cache, std::span<const std::int3
     if (T == 0) throw config_error("prefill: no tokens");
     for (std::int64_t t0 = 0; t0 < T; t0 += ubatch) {
         const std::int64_t n = std::min(ubatch, T - t0);
-        model.forward_last(cache, seq_batch::dense(1, n), ids.subspan(static_cast<std::size_t>(t0), static_cast<std::size_t>(n)), logits);
+        const auto b = seq_batch::dense(1, n);
+        const auto chunk = ids.subspan(static_cast<std::size_t>(t0), static_cast<std::size_t>(n));
+        if constexpr (requires { model.forward_last(cache, b, chunk, logits, call_phase::prefill); })
+            model.forward_last(cache, b, chunk, logits, call_phase::prefill);  // a one-token chunk is still prompt
+        else
+            model.forward_last(cache, b, chunk, logits);
         if (on_chunk) on_chunk(t0 + n, T);
     }
 }
@@ -150,7 +156,10 @@ generation_result generate(const M& model, const Tok& tok, std::span<const std::
         }
         if (limit_reached()) break;  // no forward call for a token that will never be sampled from
         const std::int32_t one[1] = {next};
-        model.forward_last(cache, seq_batch::dense(1, 1), one, logits.view<2>());
+        if constexpr (requires { model.forward_last(cache, seq_batch::dense(1, 1), one, logits.view<2>(), call_phase::decode); })
+            model.forward_last(cache, seq_batch::dense(1, 1), one, logits.view<2>(), call_phase::decode);
+        else
+            model.forward_last(cache, seq_batch::dense(1, 1), one, logits.view<2>());
     }
     r.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
     return r;

@@ -20,6 +20,7 @@
 #include "hymix/core/finite.hpp"
 #include "hymix/core/seq_batch.hpp"
 #include "hymix/core/tensor.hpp"
+#include "hymix/schedule/mode_schedule.hpp"
 
 namespace hymix {
 
@@ -148,7 +149,12 @@ score_result score_bits_per_byte(const M& model, std::span<const std::uint8_t> t
             for (std::int64_t i = 0; i < len; ++i)
                 tokens[static_cast<std::size_t>(b * len + i)] = text[static_cast<std::size_t>(offset + w[b].s + i)];
         auto lv = tensor_view<float, 2>(logits.data(), {nb * len, V});
-        model.forward(cache, seq_batch::dense(nb, len), std::span<const std::int32_t>(tokens.data(), static_cast<std::size_t>(nb * len)), lv);
+        const auto b = seq_batch::dense(nb, len);
+        const std::span<const std::int32_t> tv(tokens.data(), static_cast<std::size_t>(nb * len));
+        if constexpr (requires { model.forward(cache, b, tv, lv, call_phase::prefill); })
+            model.forward(cache, b, tv, lv, call_phase::prefill);  // windows are prompts, whatever their length
+        else
+            model.forward(cache, b, tv, lv);
         for (std::int64_t b = 0; b < nb; ++b)
             for (std::int64_t i = 0; i < len; ++i) {
                 const std::int64_t at = offset + w[b].s + i + 1;  // the predicted byte

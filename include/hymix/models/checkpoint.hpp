@@ -21,6 +21,7 @@
 #include "hymix/core/warning.hpp"
 #include "hymix/io/json.hpp"
 #include "hymix/io/safetensors_index.hpp"
+#include "hymix/kernels/swiglu.hpp"
 
 namespace hymix::models {
 
@@ -207,6 +208,16 @@ public:
     /// Gives warning `msg` through hymix::warn, once per reader and `topic` (e.g. the config key concerned).
     void warn_once(const std::string& topic, const std::string& msg) {
         if (warned_.insert(topic).second) warn(msg);
+    }
+
+    /// A SwiGLU MLP stored as `<prefix>mlp.{gate,up,down}_proj.weight` ([d_ff, d], [d_ff, d], [d, d_ff]; the
+    /// Qwen / Llama naming).
+    swiglu_weights take_swiglu(const std::string& prefix, expected_dim d_ff, expected_dim d) {
+        swiglu_weights mlp;
+        mlp.gate_proj = take(prefix + "mlp.gate_proj.weight", {d_ff, d});
+        mlp.up_proj = take(prefix + "mlp.up_proj.weight", {d_ff, d});
+        mlp.down_proj = take(prefix + "mlp.down_proj.weight", {d, d_ff});
+        return mlp;
     }
 
     /// A depthwise conv weight stored [C, 1, K], returned as [C, K].

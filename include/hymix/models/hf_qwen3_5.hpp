@@ -209,10 +209,7 @@ Stack load_hf_qwen3_5(checkpoint_reader& rd) {
         const std::string p = P + "layers." + std::to_string(i) + ".";
         auto norm = rd.take(p + "input_layernorm.weight", {dd});
         auto mlp_norm = rd.take(p + "post_attention_layernorm.weight", {dd});
-        swiglu_weights mlp;
-        mlp.gate_proj = rd.take(p + "mlp.gate_proj.weight", {dF, dd});
-        mlp.up_proj = rd.take(p + "mlp.up_proj.weight", {dF, dd});
-        mlp.down_proj = rd.take(p + "mlp.down_proj.weight", {dd, dF});
+        auto mlp = rd.take_swiglu(p, dF, dd);
         const layer_kind k = c.kinds[static_cast<std::size_t>(i)];
         if (k == layer_kind::gated_deltanet) {
             if constexpr (detail::variant_has<gated_deltanet, typename Stack::mixer_variant>::value) {

@@ -170,10 +170,7 @@ inline oryx_lm_stack load_oryx_lm(checkpoint_reader& rd) {
         ow.dt_bias = rd.take(q + "dt_bias", {dH});
         auto norm = rd.take(p + "input_layernorm.weight", {dd});
         auto mlp_norm = rd.take(p + "post_attention_layernorm.weight", {dd});
-        swiglu_weights mlp;
-        mlp.gate_proj = rd.take(p + "mlp.gate_proj.weight", {dF, dd});
-        mlp.up_proj = rd.take(p + "mlp.up_proj.weight", {dF, dd});
-        mlp.down_proj = rd.take(p + "mlp.down_proj.weight", {dd, dF});
+        auto mlp = rd.take_swiglu(p, dF, dd);
         layers.emplace_back(std::move(norm), oryx_lm_stack::mixer_variant(std::in_place_type<oryx>, m, std::move(ow)), std::move(mlp_norm),
                             std::move(mlp));
     }

@@ -71,5 +71,5 @@ void BM_conv1d_backward(benchmark::State& st) {
 
 }  // namespace
 
-BENCHMARK(BM_conv1d_forward)->ArgNames({"T", "threads"})->Args({512, 1})->Args({512, 2})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_conv1d_forward)->ArgNames({"T", "threads"})->Args({1, 1})->Args({1, 2})->Args({512, 1})->Args({512, 2})->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_conv1d_backward)->ArgNames({"T", "threads"})->Args({512, 1})->Args({512, 2})->Unit(benchmark::kMicrosecond);

@@ -1,7 +1,7 @@
 // kernels::linear (y[M, N] = x[M, K] · W[N, K]ᵀ) against one plain Eigen product, for decode (M = 1, 8) and
 // prefill (M = 512, 2048) at N = K = 768 and 2048, on 1 and 2 threads. Weights rotate through a 1 GiB pool so
 // every call reads them from DRAM, as in a model whose layers do not fit in cache. Report: GFLOP/s and the
-// fraction of the FMA peak; for M ≤ 8, GB/s of weights and the fraction of the DRAM read peak (bench/peak.hpp).
+// fraction of the FMA peak; for M ≤ 8, GB/s of weights and the fraction of the DRAM read peak (bench/peak.hpp, measured in the same run).
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -61,7 +61,8 @@ struct problem {
         const double flops = 2.0 * static_cast<double>(M * N * K);
         const double weight_bytes = 4.0 * static_cast<double>(N * K);
         const double bytes = weight_bytes + 4.0 * static_cast<double>(M * K + M * N);
-        hymix::bench::report(st, static_cast<double>(M), flops, M <= 8 ? weight_bytes : bytes, threads);
+        hymix::bench::report(st, static_cast<double>(M), flops, M <= 8 ? weight_bytes : bytes, threads,
+                             4.0 * static_cast<double>(weight_pool().numel()));
         st.SetLabel(impl + (M <= 8 ? ": bound by weight bytes (see GB/s, bw_peak_frac)"
                                    : ": bound by FMAs (see GFLOP/s, flop_peak_frac)"));
     }

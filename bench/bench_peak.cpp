@@ -1,41 +1,22 @@
-// This machine's ceilings, measured: fp32 FMA throughput (xsimd FMAs on independent register accumulators)
+// This machine's ceilings on their own: fp32 FMA throughput (xsimd FMAs on independent register accumulators)
 // and memory read bandwidth (summing a 1 GiB array for DRAM, 32 MiB for L3, 1 MiB for L2), on 1 and 2 threads
-// of the CPU backend. The results are the constants of bench/peak.hpp (../shared/docs/machine.md).
+// of the CPU backend, with the kernels bench/peak.hpp measures inside every other benchmark program.
 #include <benchmark/benchmark.h>
 
 #include <array>
 #include <cstdint>
 #include <utility>
 
-#include <xsimd/xsimd.hpp>
-
 #include "hymix/backend/cpu.hpp"
 #include "hymix/core/tensor.hpp"
+#include "peak.hpp"
 
 namespace {
 
-using arch = hymix::cpu_backend::arch;
-using batch = xsimd::batch<float, arch>;
-
-// Independent FMA chains: latency 4 × 2 FMA ports needs at least 8; more hides issue jitter.
-constexpr std::size_t n_acc = 16;
+using hymix::bench::detail::fma_kernel;
+using batch = hymix::bench::detail::peak_batch;
+constexpr std::size_t n_acc = hymix::bench::detail::fma_chains;
 constexpr std::int64_t fma_iters = 1 << 16;  // per task: 16 × 65536 batch FMAs
-
-/// Runs fma_iters rounds of n_acc independent batch FMAs; returns a value that depends on all of them.
-float fma_kernel(float seed) {
-    std::array<batch, n_acc> acc;
-    for (std::size_t i = 0; i < n_acc; ++i) acc[i] = batch(seed + static_cast<float>(i));
-    // acc = acc * a + b with |a| < 1 converges to a fixed point: no overflow, no denormals.
-    const batch a(0.999f), b(0.001f);
-    for (std::int64_t it = 0; it < fma_iters; ++it) {
-        [&]<std::size_t... I>(std::index_sequence<I...>) {
-            ((acc[I] = xsimd::fma(acc[I], a, b)), ...);
-        }(std::make_index_sequence<n_acc>{});
-    }
-    batch s = acc[0];
-    for (std::size_t i = 1; i < n_acc; ++i) s += acc[i];
-    return xsimd::hadd(s);
-}
 
 void BM_fma_peak(benchmark::State& st) {
     const int threads = static_cast<int>(st.range(0));
@@ -44,7 +25,7 @@ void BM_fma_peak(benchmark::State& st) {
     std::array<float, tasks> out{};
     for (auto _ : st) {
         be.parallel_for(tasks, 1, [&](std::int64_t t0, std::int64_t t1) {
-            for (auto t = t0; t < t1; ++t) out[static_cast<std::size_t>(t)] = fma_kernel(static_cast<float>(t));
+            for (auto t = t0; t < t1; ++t) out[static_cast<std::size_t>(t)] = fma_kernel(static_cast<float>(t), fma_iters);
         });
         benchmark::DoNotOptimize(out.data());
         benchmark::ClobberMemory();
@@ -55,21 +36,6 @@ void BM_fma_peak(benchmark::State& st) {
     st.SetLabel(std::string(be.arch_name()) + ", " + std::to_string(threads) + " thread(s)");
 }
 
-/// Sum of p[0, n) with 8 independent vector accumulators (n a multiple of 8 batches, p aligned).
-float sum_kernel(const float* p, std::int64_t n) {
-    constexpr std::int64_t W = static_cast<std::int64_t>(batch::size);
-    std::array<batch, 8> acc;
-    acc.fill(batch(0.f));
-    for (std::int64_t i = 0; i < n; i += 8 * W) {
-        [&]<std::size_t... I>(std::index_sequence<I...>) {
-            ((acc[I] += batch::load_aligned(p + i + static_cast<std::int64_t>(I) * W)), ...);
-        }(std::make_index_sequence<8>{});
-    }
-    batch s = acc[0];
-    for (std::size_t i = 1; i < 8; ++i) s += acc[i];
-    return xsimd::hadd(s);
-}
-
 void BM_read_bandwidth(benchmark::State& st) {
     const std::int64_t bytes = st.range(0) << 20;  // MiB
     const int threads = static_cast<int>(st.range(1));
@@ -77,13 +43,9 @@ void BM_read_bandwidth(benchmark::State& st) {
     const std::int64_t n = bytes / static_cast<std::int64_t>(sizeof(float));
     hymix::tensor<float> data{n};  // zero-filled: every page is touched before timing
     data.fill(1.f);
-    constexpr std::int64_t chunk = 64 * 1024;  // floats per task (256 KiB)
-    const std::int64_t n_chunks = n / chunk;
-    std::vector<float> partial(static_cast<std::size_t>(n_chunks));
+    std::vector<float> partial(static_cast<std::size_t>(n / (16 * 1024)));
     for (auto _ : st) {
-        be.parallel_for(n_chunks, 1, [&](std::int64_t c0, std::int64_t c1) {
-            for (auto c = c0; c < c1; ++c) partial[static_cast<std::size_t>(c)] = sum_kernel(data.data() + c * chunk, chunk);
-        });
+        hymix::bench::detail::read_once(be, data.data(), n, partial);
         benchmark::DoNotOptimize(partial.data());
         benchmark::ClobberMemory();
     }

@@ -25,6 +25,10 @@ struct serial_backend_missing_parallel_for {
     void copy_to_host(void* d, const void* s, std::size_t n) const { std::memcpy(d, s, n); }
     void copy_from_host(void* d, const void* s, std::size_t n) const { std::memcpy(d, s, n); }
     void synchronize() const {}
+    template <class F>
+    void parallel_for_static(std::int64_t n, F&& f) const {
+        f(std::int64_t{0}, n);
+    }
 #ifdef HYMIX_FAILTEST_CONTROL
     template <class F>
     void parallel_for(std::int64_t n, std::int64_t, F&& f) const {

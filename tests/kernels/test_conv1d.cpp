@@ -89,37 +89,50 @@ TEST_CASE("conv1d state handover: [a,b,c] → [b,c,x0] → [c,x0,x1] → last th
         const std::vector<float> want(all.end() - 3, all.end());
         CHECK(st == want);
     }
-    // a 5-token input run as 1+1+3 or 2+3 equals one call (outputs and final state), with bias and SiLU
-    const std::int64_t Cn = 7, T = 5;
-    const auto wn = uniform(std::size_t(Cn * K), -1.f, 1.f, 4);
-    const auto bn = uniform(std::size_t(Cn), -1.f, 1.f, 5);
-    const auto x = uniform(std::size_t(T * Cn), -1.f, 1.f, 6);
-    const auto s0 = uniform(std::size_t(Cn * (K - 1)), -1.f, 1.f, 7);
-    auto s_one = s0;
-    const auto y_one = conv(x, T, Cn, wn, K, bn.data(), s_one.data(), kernels::conv_activation::silu);
-    const auto yref = conv_ref(x, T, Cn, wn, K, bn.data(), s0, true);
-    CHECK(rel_error(y_one, yref) < 1e-6);
-    for (const auto& splits : std::vector<std::vector<std::int64_t>>{{1, 1, 3}, {2, 3}, {4, 1}, {0, 5}}) {
-        auto s = s0;
-        std::vector<float> y;
-        std::int64_t t0 = 0;
-        for (auto len : splits) {
-            const std::vector<float> xp(x.begin() + t0 * Cn, x.begin() + (t0 + len) * Cn);
-            const auto yp = conv(xp, len, Cn, wn, K, bn.data(), s.data(), kernels::conv_activation::silu);
-            y.insert(y.end(), yp.begin(), yp.end());
-            t0 += len;
+}
+
+TEST_CASE("conv1d split invariance: any split of a sequence, one-token decode steps included, gives the bits of one call") {
+    // The decode step (one token) has its own loop; it must sum in the prefill loop's order: vector bodies and
+    // scalar tails (C = 7, 37, 130), every kernel width, bias and SiLU.
+    const std::int64_t T = 5;
+    for (std::int64_t K : {1, 2, 3, 4, 5})
+        for (std::int64_t Cn : {7, 37, 130}) {
+            CAPTURE(K);
+            CAPTURE(Cn);
+            const auto wn = uniform(std::size_t(Cn * K), -1.f, 1.f, std::uint64_t(4 + K));
+            const auto bn = uniform(std::size_t(Cn), -1.f, 1.f, 5);
+            const auto x = uniform(std::size_t(T * Cn), -1.f, 1.f, 6);
+            const auto s0 = uniform(std::size_t(Cn * (K - 1)), -1.f, 1.f, 7);
+            auto s_one = s0;
+            const auto y_one = conv(x, T, Cn, wn, K, bn.data(), s_one.data(), kernels::conv_activation::silu);
+            const auto yref = conv_ref(x, T, Cn, wn, K, bn.data(), s0, true);
+            CHECK(rel_error(y_one, yref) < 1e-6);
+            for (const auto& splits : std::vector<std::vector<std::int64_t>>{{1, 1, 1, 1, 1}, {1, 1, 3}, {2, 3}, {4, 1}, {0, 5}}) {
+                auto s = s0;
+                std::vector<float> y;
+                std::int64_t t0 = 0;
+                for (auto len : splits) {
+                    const std::vector<float> xp(x.begin() + t0 * Cn, x.begin() + (t0 + len) * Cn);
+                    const auto yp = conv(xp, len, Cn, wn, K, bn.data(), s.data(), kernels::conv_activation::silu);
+                    y.insert(y.end(), yp.begin(), yp.end());
+                    t0 += len;
+                }
+                CAPTURE(splits.size());
+                CAPTURE(splits[0]);
+                CHECK(y == y_one);
+                CHECK(s == s_one);
+            }
         }
-        CHECK(y == y_one);
-        CHECK(s == s_one);
-    }
 }
 
 TEST_CASE("conv1d fp32 equals the fp64 formula on odd sizes, strided views and kernel widths 1..5") {
     for (std::int64_t K : {1, 2, 3, 4, 5})
-        for (bool silu : {false, true}) {
+        for (bool silu : {false, true})
+        for (std::int64_t T : {29, 1}) {  // T = 1: the decode step's loop
             CAPTURE(K);
             CAPTURE(silu);
-            const std::int64_t C = 37, T = 29, ld = 50;  // x rows live in a wider matrix (row stride 50)
+            CAPTURE(T);
+            const std::int64_t C = 37, ld = 50;  // x rows live in a wider matrix (row stride 50)
             const auto w = uniform(std::size_t(C * K), -1.f, 1.f, std::uint64_t(10 + K));
             const auto b = uniform(std::size_t(C), -1.f, 1.f, 11);
             const auto wide = uniform(std::size_t(T * ld), -2.f, 2.f, 12);
@@ -138,9 +151,12 @@ TEST_CASE("conv1d fp32 equals the fp64 formula on odd sizes, strided views and k
                 for (std::int64_t c = 0; c < C; ++c) y[std::size_t(t * C + c)] = out[std::size_t(t * ld + 3 + c)];
             CHECK(rel_error(y, conv_ref(x, T, C, w, K, b.data(), s0, silu)) < 1e-6);
             CHECK(out[0] == 0.f);  // nothing written outside the view
-            // final state = last K−1 inputs
+            // final state = last K−1 inputs of [state ; x]
             for (std::int64_t c = 0; c < C; ++c)
-                for (std::int64_t j = 0; j < K - 1; ++j) CHECK(s[std::size_t(c * (K - 1) + j)] == x[std::size_t((T - K + 1 + j) * C + c)]);
+                for (std::int64_t j = 0; j < K - 1; ++j) {
+                    const std::int64_t t = T - K + 1 + j;  // < 0: still from the old state
+                    CHECK(s[std::size_t(c * (K - 1) + j)] == (t >= 0 ? x[std::size_t(t * C + c)] : s0[std::size_t(c * (K - 1) + T + j)]));
+                }
         }
 }
 

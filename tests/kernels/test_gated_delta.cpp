@@ -123,14 +123,17 @@ bool all_finite(const std::vector<float>& x) {
 }  // namespace
 
 TEST_CASE("chunked and step equal the fp64 recurrence (invariant 6)") {
-    // Odd sizes, grouped value heads (H_v = 2 H_k), d_k != d_v.
+    // Odd sizes, grouped value heads (H_v = 2 H_k), d_k != d_v; d_v = 133 also runs the step's column tiles (128 or
+    // 4 × 32 columns) and their scalar tail.
+    for (std::int64_t dv : {11, 133})
     for (std::int64_t T : {1, 5, 50, 100}) {
         for (std::int64_t C : {4, 16, 64}) {
             for (bool nonzero_state : {false, true}) {
                 CAPTURE(T);
                 CAPTURE(C);
                 CAPTURE(nonzero_state);
-                inputs in(T, 2, 4, 13, 11, 100 + T * 7 + C);
+                CAPTURE(dv);
+                inputs in(T, 2, 4, 13, dv, std::uint64_t(100 + T * 7 + C + dv));
                 std::vector<float> s0(in.state_size(1), 0.f);
                 if (nonzero_state) s0 = hymix::test::uniform(in.state_size(1), -0.5f, 0.5f, 9 + T);
                 const auto ref = run_ref(in, seq_batch::dense(1, T), s0, 1);

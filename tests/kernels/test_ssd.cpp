@@ -2,6 +2,7 @@
 // split invariance, multi-sequence isolation and argument checks (spec.md §3.3–3.4, §8 invariants 6, 7, 12, 16).
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -73,11 +74,13 @@ std::vector<double> slice(const std::vector<double>& v, std::int64_t begin, std:
 
 TEST_CASE("ssd chunked and step equal the fp64 recurrence (invariant 6)") {
     const cpu_backend be(2);
-    const std::int64_t H = 6, P = 5, G = 3, N = 13;
+    // Odd sizes (scalar tails everywhere), and d_state 80: the step's blocks of 4 SIMD widths plus a remainder.
+    for (const auto& [H, P, G, N] : std::vector<std::array<std::int64_t, 4>>{{6, 5, 3, 13}, {4, 37, 2, 80}})
     for (std::int64_t T : {1, 5, 50, 100})
         for (std::int64_t Q : {4, 16, 64})
             for (bool nonzero_init : {false, true})
                 for (bool d_hdim : {false, true}) {
+                    CAPTURE(P);
                     CAPTURE(T);
                     CAPTURE(Q);
                     CAPTURE(nonzero_init);

@@ -58,6 +58,23 @@ public:
         });
     }
 
+    /// Calls f(begin, end) on contiguous sub-ranges of [0, n), about n / num_threads() each, with the same
+    /// sub-range on the same arena slot at every call (oneTBB static_partitioner): for decode steps, whose
+    /// recurrent state then stays in the cache of the core that updated it last time. Runs inline when there is
+    /// one thread or n < 2.
+    template <class F>
+    void parallel_for_static(std::int64_t n, F&& f) const {
+        if (n <= 0) return;
+        if (threads_ == 1 || n < 2) {
+            f(std::int64_t{0}, n);
+            return;
+        }
+        arena_->execute([&] {
+            tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n), [&](const tbb::blocked_range<std::int64_t>& r) { f(r.begin(), r.end()); },
+                              tbb::static_partitioner{});
+        });
+    }
+
     /// 64-byte aligned host memory (not zeroed). Throws std::bad_alloc.
     void* allocate(std::size_t bytes) const { return ::operator new(std::max<std::size_t>(bytes, 64), std::align_val_t{64}); }
     void deallocate(void* p, std::size_t /*bytes*/) const noexcept { ::operator delete(p, std::align_val_t{64}); }

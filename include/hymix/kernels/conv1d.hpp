@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -28,6 +29,61 @@ enum class conv_activation { none, silu };
 /// Checked in every build (shape_error / value_error naming the argument): shapes, the unit channel stride of x and
 /// out, out's rows not overlapping each other, w, bias or the state, K >= 1, a known activation. Not checked: the
 /// values (a NaN input propagates to the outputs it reaches).
+namespace detail {
+
+/// One token per channel c, kernel width K (compile-time when KC > 0, else w.dim(1)):
+///   acc = b[c]; acc = fma(w[c, j], state[c, j], acc) for j < K−1; acc = fma(w[c, K−1], x[c], acc); state row
+/// shifted left, x appended. The same fused multiply-adds, in the same order, as the multi-token loop below (explicit
+/// std::fma in both, so no compiler contraction choice can make them differ), so a decode step gives the bits a
+/// prefill of that token gives. Plain loops the compiler vectorises across channels for the contiguous layouts.
+template <std::int64_t KC, class T>
+void conv1d_step_k(const T* x, const T* w, std::int64_t ws0, std::int64_t ws1, const T* bias, T* st, std::int64_t ss0,
+                   std::int64_t ss1, std::int64_t C, std::int64_t Krt, T* o) {
+    const std::int64_t K = KC > 0 ? KC : Krt, S = K - 1;
+    for (std::int64_t c = 0; c < C; ++c) {
+        const T xc = x[c];
+        const T* wc = w + c * ws0;
+        T* sc = st + c * ss0;
+        T acc = bias ? bias[c] : T(0);
+        for (std::int64_t j = 0; j < S; ++j) acc = std::fma(wc[j * ws1], sc[j * ss1], acc);
+        acc = std::fma(wc[S * ws1], xc, acc);
+        for (std::int64_t j = 0; j + 1 < S; ++j) sc[j * ss1] = sc[(j + 1) * ss1];
+        if (S > 0) sc[(S - 1) * ss1] = xc;
+        o[c] = acc;
+    }
+}
+
+template <class T>
+void causal_conv1d_step(tensor_view<const T, 2> x, tensor_view<const T, 2> w, const T* bias, tensor_view<T, 2> state,
+                        conv_activation act, tensor_view<T, 2> out) {
+    const std::int64_t C = x.dim(1), K = w.dim(1);
+    const T* xp = &x(0, 0);
+    T* o = &out(0, 0);
+    const bool dense = w.strides[1] == 1 && w.strides[0] == K && state.strides[1] == 1 && state.strides[0] == K - 1;
+    if (dense && K == 4)
+        conv1d_step_k<4>(xp, w.data, 4, 1, bias, state.data, 3, 1, C, K, o);
+    else if (dense && K == 2)
+        conv1d_step_k<2>(xp, w.data, 2, 1, bias, state.data, 1, 1, C, K, o);
+    else if (dense && K == 3)
+        conv1d_step_k<3>(xp, w.data, 3, 1, bias, state.data, 2, 1, C, K, o);
+    else
+        conv1d_step_k<0>(xp, w.data, w.strides[0], w.strides[1], bias, state.data, state.strides[0], state.strides[1], C, K, o);
+    if (act == conv_activation::silu) {
+        std::int64_t c = 0;
+        if constexpr (std::is_same_v<T, float>) {
+            using Bf = xsimd::batch<float>;
+            constexpr std::int64_t W = static_cast<std::int64_t>(Bf::size);
+            for (; c + W <= C; c += W) {
+                const Bf v = Bf::load_unaligned(o + c);
+                (v / (Bf(1.0f) + xsimd::exp(-v))).store_unaligned(o + c);
+            }
+        }
+        for (; c < C; ++c) o[c] = silu(o[c]);
+    }
+}
+
+}  // namespace detail
+
 template <class T>
 void causal_conv1d(tensor_view<const T, 2> x, tensor_view<const T, 2> w, const T* bias, tensor_view<T, 2> state,
                    conv_activation act, tensor_view<T, 2> out) {
@@ -49,6 +105,10 @@ void causal_conv1d(tensor_view<const T, 2> x, tensor_view<const T, 2> w, const T
         hymix::detail::require_no_overlap(out, "output", state, "state", who);
     }
     const std::int64_t S = K - 1;
+    if (Tn == 1 && state.data) {  // the decode step: no transposes, state shifted in place
+        detail::causal_conv1d_step(x, w, bias, state, act, out);
+        return;
+    }
     // ext[(S + Tn), C]: the state transposed to rows, then the inputs; tap-major weights wt[K, C].
     // Per-thread scratch that only grows, so repeated calls (decode steps) allocate nothing.
     thread_local std::vector<T> ext, wt;
@@ -67,7 +127,7 @@ void causal_conv1d(tensor_view<const T, 2> x, tensor_view<const T, 2> w, const T
         for (std::int64_t j = 0; j < K; ++j) {
             const T* in = ext.data() + (t + j) * C;
             const T* wj = wt.data() + j * C;
-            for (std::int64_t c = 0; c < C; ++c) o[c] += wj[c] * in[c];
+            for (std::int64_t c = 0; c < C; ++c) o[c] = std::fma(wj[c], in[c], o[c]);
         }
         if (act == conv_activation::silu) {
             std::int64_t c = 0;

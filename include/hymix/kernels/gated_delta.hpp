@@ -4,11 +4,13 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <Eigen/Core>
@@ -366,15 +368,16 @@ inline void gdn_check_layout_batch(const seq_batch& batch, const chunk_layout& c
     if (!same) throw shape_error(std::string(who) + ": the chunk layout was not made from this batch (use gdn_chunk_layout)");
 }
 
-/// Parallel loop over (sequence, value head) pairs of the valid sequences of a batch.
+/// Parallel loop over (sequence, value head) pairs of the valid sequences of a batch, with a fixed pair → thread
+/// map (parallel_for_static: a decode step finds each head's state in the cache of the core that updated it last):
+/// f(begin, end, item) with item(i) = (sequence, value head), so each task can set up its scratch once.
 template <class Backend, class F>
 void for_each_seq_head(const Backend& be, const seq_batch& batch, std::int64_t Hv, F&& f) {
     std::vector<std::int64_t> seqs;
     for (std::int64_t s = 0; s < batch.n_seq(); ++s)
         if (batch.slots[s] >= 0 && batch.lengths[s] > 0) seqs.push_back(s);
-    const std::int64_t n = static_cast<std::int64_t>(seqs.size()) * Hv;
-    be.parallel_for(n, 1, [&](std::int64_t b, std::int64_t e) {
-        for (std::int64_t i = b; i < e; ++i) f(seqs[static_cast<std::size_t>(i / Hv)], i % Hv);
+    be.parallel_for_static(static_cast<std::int64_t>(seqs.size()) * Hv, [&](std::int64_t b, std::int64_t e) {
+        f(b, e, [&](std::int64_t i) { return std::pair{seqs[static_cast<std::size_t>(i / Hv)], i % Hv}; });
     });
 }
 
@@ -769,12 +772,35 @@ void gated_delta_step_head(float* S,  // [d_k, d_v]
     using B = xsimd::batch<float, Arch>;
     constexpr std::int64_t W = static_cast<std::int64_t>(B::size);
     const std::int64_t dvv = dv / W * W;
-    std::fill_n(sk, dv, 0.f);
-    std::fill_n(sq, dv, 0.f);
+    // Pass 1 in column tiles of TB SIMD widths (128 columns with AVX-512: one sweep over a d_v = 128 state), the
+    // tile's sk and sq in registers across all rows a (2·TB independent FMA chains, within the register file);
+    // every element is still the sum over a in ascending order.
+    constexpr std::int64_t TB = W >= 16 ? 8 : 4;
+    std::int64_t b0 = 0;
+    for (; b0 + TB * W <= dvv; b0 += TB * W) {
+        std::array<B, TB> ak, aq;
+        ak.fill(B(0.f));
+        aq.fill(B(0.f));
+        for (std::int64_t a = 0; a < dk; ++a) {
+            const float* row = S + a * dv + b0;
+            const B ka(kt[a]), qa(qs[a]);
+            for (std::size_t u = 0; u < TB; ++u) {
+                const B x = B::load_unaligned(row + static_cast<std::int64_t>(u) * W);
+                ak[u] = xsimd::fma(ka, x, ak[u]);
+                aq[u] = xsimd::fma(qa, x, aq[u]);
+            }
+        }
+        for (std::size_t u = 0; u < TB; ++u) {
+            ak[u].store_unaligned(sk + b0 + static_cast<std::int64_t>(u) * W);
+            aq[u].store_unaligned(sq + b0 + static_cast<std::int64_t>(u) * W);
+        }
+    }
+    std::fill(sk + b0, sk + dv, 0.f);
+    std::fill(sq + b0, sq + dv, 0.f);
     for (std::int64_t a = 0; a < dk; ++a) {
         const float* row = S + a * dv;
         const B ka(kt[a]), qa(qs[a]);
-        for (std::int64_t b = 0; b < dvv; b += W) {
+        for (std::int64_t b = b0; b < dvv; b += W) {
             const B x = B::load_unaligned(row + b);
             xsimd::fma(ka, x, B::load_unaligned(sk + b)).store_unaligned(sk + b);
             xsimd::fma(qa, x, B::load_unaligned(sq + b)).store_unaligned(sq + b);
@@ -823,14 +849,17 @@ void gated_delta_rule_step(const Backend& be, const seq_batch& batch,
                               std::to_string(batch.lengths[s]) + " tokens, a decode step takes exactly 1");
     const std::int64_t Hk = q.dim(1), dk = q.dim(2), Hv = v.dim(1), dv = v.dim(2), r = Hv / Hk;
     detail::zero_uncovered_rows(batch, o);
-    detail::for_each_seq_head(be, batch, Hv, [&](std::int64_t s, std::int64_t j) {
-        const std::int64_t t = batch.starts[s], hk = j / r;
+    detail::for_each_seq_head(be, batch, Hv, [&](std::int64_t b, std::int64_t e, auto item) {
         std::vector<float> scratch(static_cast<std::size_t>(2 * dv + dk));
         float* qs = scratch.data() + 2 * dv;
-        for (std::int64_t a = 0; a < dk; ++a) qs[a] = scale * q(t, hk, a);
-        detail::gated_delta_step_head<typename Backend::arch>(&state(batch.slots[s], j, 0, 0), qs, &k(t, hk, 0),
-                                                              &v(t, j, 0), g(t, j), beta(t, j), dk, dv, scratch.data(),
-                                                              scratch.data() + dv, &o(t, j, 0));
+        for (std::int64_t i = b; i < e; ++i) {
+            const auto [s, j] = item(i);
+            const std::int64_t t = batch.starts[s], hk = j / r;
+            for (std::int64_t a = 0; a < dk; ++a) qs[a] = scale * q(t, hk, a);
+            detail::gated_delta_step_head<typename Backend::arch>(&state(batch.slots[s], j, 0, 0), qs, &k(t, hk, 0),
+                                                                  &v(t, j, 0), g(t, j), beta(t, j), dk, dv, scratch.data(),
+                                                                  scratch.data() + dv, &o(t, j, 0));
+        }
     });
 }
 

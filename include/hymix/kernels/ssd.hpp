@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -687,7 +688,10 @@ void ssd_chunked(const Backend& be, const ssd_inputs<float>& in, std::span<const
 
 /// Decode step (spec.md §3.4), fp32: every sequence holds exactly one token (shape_error otherwise);
 ///   state ← state · exp(Δ A) + Δ (x ⊗ B),  y = state · C + D x.
-/// Parallel over (sequence, head); SIMD over the state width N. Throws like ssd_chunked.
+/// Parallel over (sequence, head) with a fixed (sequence, head) → thread map (parallel_for_static, so a head's state
+/// stays in the cache of the core that updated it last step); SIMD over the state width N with 4 accumulator chains
+/// per row of head_dim (one chain would be bound by FMA latency), rows in memory order.
+/// Throws like ssd_chunked.
 template <cpu_backend_type Backend>
 void ssd_step(const Backend& be, const ssd_inputs<float>& in, std::span<const ssd_sequence<float>> seqs,
               tensor_view<float, 3> y) {
@@ -701,7 +705,7 @@ void ssd_step(const Backend& be, const ssd_inputs<float>& in, std::span<const ss
     const std::int64_t H = in.n_heads(), P = in.head_dim(), G = in.n_groups(), N = in.d_state();
     const std::int64_t heads_per_group = H / G, Nv = N / W * W;
     const std::int64_t n_seq = static_cast<std::int64_t>(seqs.size());
-    be.parallel_for(n_seq * H, std::max<std::int64_t>(1, 4096 / (P * N)), [&](std::int64_t i0, std::int64_t i1) {
+    be.parallel_for_static(n_seq * H, [&](std::int64_t i0, std::int64_t i1) {
         std::vector<float> local;
         for (std::int64_t i = i0; i < i1; ++i) {
             const std::int64_t s = i / H, h = i % H, g = h / heads_per_group, t = seqs[s].start;
@@ -717,7 +721,28 @@ void ssd_step(const Backend& be, const ssd_inputs<float>& in, std::span<const ss
             const float* xt = &in.x(t, h, 0);
             float* yt = &y(t, h, 0);
             const Bf vdA(dA);
-            for (std::int64_t p = 0; p < P; ++p) {
+            std::int64_t p = 0;
+            if (Nv == N && Nv >= 4 * W)  // rows in memory order, 4 accumulator chains per row (not 1 latency-bound chain)
+                for (; p < P; ++p) {
+                    float* sp = S + p * N;
+                    const Bf vdx(delta * xt[p]);
+                    std::array<Bf, 4> acc{Bf(0.0f), Bf(0.0f), Bf(0.0f), Bf(0.0f)};
+                    std::int64_t n = 0;
+                    for (; n + 4 * W <= N; n += 4 * W)
+                        for (std::size_t u = 0; u < 4; ++u) {
+                            const std::int64_t o = n + static_cast<std::int64_t>(u) * W;
+                            const Bf sv = xsimd::fma(Bf::load_unaligned(sp + o), vdA, vdx * Bf::load_unaligned(Bt + o));
+                            sv.store_unaligned(sp + o);
+                            acc[u] = xsimd::fma(sv, Bf::load_unaligned(Ct + o), acc[u]);
+                        }
+                    for (std::size_t u = 0; n < N; n += W, ++u) {
+                        const Bf sv = xsimd::fma(Bf::load_unaligned(sp + n), vdA, vdx * Bf::load_unaligned(Bt + n));
+                        sv.store_unaligned(sp + n);
+                        acc[u] = xsimd::fma(sv, Bf::load_unaligned(Ct + n), acc[u]);
+                    }
+                    yt[p] = xsimd::hadd((acc[0] + acc[1]) + (acc[2] + acc[3])) + detail::skip_coef(in, h, p) * xt[p];
+                }
+            for (; p < P; ++p) {
                 float* sp = S + p * N;
                 const float dx = delta * xt[p];
                 const Bf vdx(dx);

@@ -31,6 +31,21 @@ enum class conv_activation { none, silu };
 /// values (a NaN input propagates to the outputs it reaches).
 namespace detail {
 
+/// o[c] ← SiLU(o[c]) for c < C; vectorised for float (default xsimd architecture).
+template <class T>
+void silu_in_place(T* o, std::int64_t C) {
+    std::int64_t c = 0;
+    if constexpr (std::is_same_v<T, float>) {
+        using Bf = xsimd::batch<float>;
+        constexpr std::int64_t W = static_cast<std::int64_t>(Bf::size);
+        for (; c + W <= C; c += W) {
+            const Bf v = Bf::load_unaligned(o + c);
+            (v / (Bf(1.0f) + xsimd::exp(-v))).store_unaligned(o + c);
+        }
+    }
+    for (; c < C; ++c) o[c] = silu(o[c]);
+}
+
 /// One token per channel c, kernel width K (compile-time when KC > 0, else w.dim(1)):
 ///   acc = b[c]; acc = fma(w[c, j], state[c, j], acc) for j < K−1; acc = fma(w[c, K−1], x[c], acc); state row
 /// shifted left, x appended. The same fused multiply-adds, in the same order, as the multi-token loop below (explicit
@@ -68,18 +83,7 @@ void causal_conv1d_step(tensor_view<const T, 2> x, tensor_view<const T, 2> w, co
         conv1d_step_k<3>(xp, w.data, 3, 1, bias, state.data, 2, 1, C, K, o);
     else
         conv1d_step_k<0>(xp, w.data, w.strides[0], w.strides[1], bias, state.data, state.strides[0], state.strides[1], C, K, o);
-    if (act == conv_activation::silu) {
-        std::int64_t c = 0;
-        if constexpr (std::is_same_v<T, float>) {
-            using Bf = xsimd::batch<float>;
-            constexpr std::int64_t W = static_cast<std::int64_t>(Bf::size);
-            for (; c + W <= C; c += W) {
-                const Bf v = Bf::load_unaligned(o + c);
-                (v / (Bf(1.0f) + xsimd::exp(-v))).store_unaligned(o + c);
-            }
-        }
-        for (; c < C; ++c) o[c] = silu(o[c]);
-    }
+    if (act == conv_activation::silu) silu_in_place(o, C);
 }
 
 }  // namespace detail
@@ -129,18 +133,7 @@ void causal_conv1d(tensor_view<const T, 2> x, tensor_view<const T, 2> w, const T
             const T* wj = wt.data() + j * C;
             for (std::int64_t c = 0; c < C; ++c) o[c] = std::fma(wj[c], in[c], o[c]);
         }
-        if (act == conv_activation::silu) {
-            std::int64_t c = 0;
-            if constexpr (std::is_same_v<T, float>) {  // vectorised SiLU (default xsimd architecture)
-                using Bf = xsimd::batch<float>;
-                constexpr std::int64_t W = static_cast<std::int64_t>(Bf::size);
-                for (; c + W <= C; c += W) {
-                    const Bf v = Bf::load_unaligned(o + c);
-                    (v / (Bf(1.0f) + xsimd::exp(-v))).store_unaligned(o + c);
-                }
-            }
-            for (; c < C; ++c) o[c] = silu(o[c]);
-        }
+        if (act == conv_activation::silu) detail::silu_in_place(o, C);
     }
     if (state.data)
         for (std::int64_t c = 0; c < C; ++c)

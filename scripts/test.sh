@@ -3,14 +3,14 @@
 #   1. builds the release preset (tests, benchmarks, examples) with warnings as errors (-DHYMIX_WERROR=ON) and runs
 #      its tests with ctest;
 #   2. builds the sanitize preset (AddressSanitizer + UndefinedBehaviorSanitizer) and runs its tests;
-#   3. builds the libFuzzer targets with clang and runs each for FUZZ_SECONDS (default 60) via tests/fuzz/run.sh.
+#   3. builds the libFuzzer targets with clang and runs each for FUZZ_SECONDS (default 30) via tests/fuzz/run.sh.
 # Exits non-zero if any stage fails; every stage runs, and a summary is printed at the end.
 # Environment: BUILD_ROOT (build directories, default build/), JOBS (default 2), FUZZ_SECONDS.
 set -uo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "$0")/common.sh"
 cd "$HYMIX_ROOT" || exit 1
-FUZZ_SECONDS=${FUZZ_SECONDS:-60}
+FUZZ_SECONDS=${FUZZ_SECONDS:-30}
 
 failed=()
 summary=()

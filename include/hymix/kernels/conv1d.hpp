@@ -23,12 +23,6 @@ namespace hymix::kernels {
 
 enum class conv_activation { none, silu };
 
-/// x [T, C] (any row stride, unit channel stride), w [C, K] (any strides), bias [C] or null, state [C, K−1] (any
-/// strides; in/out; data == nullptr means zeros, not written back), out [T, C] (any row stride, unit channel stride).
-/// x is copied before out is written, so out may be x itself. Works for float and double (the reference).
-/// Checked in every build (shape_error / value_error naming the argument): shapes, the unit channel stride of x and
-/// out, out's rows not overlapping each other, w, bias or the state, K >= 1, a known activation. Not checked: the
-/// values (a NaN input propagates to the outputs it reaches).
 namespace detail {
 
 /// o[c] ← SiLU(o[c]) for c < C; vectorised for float (default xsimd architecture).
@@ -88,6 +82,12 @@ void causal_conv1d_step(tensor_view<const T, 2> x, tensor_view<const T, 2> w, co
 
 }  // namespace detail
 
+/// x [T, C] (any row stride, unit channel stride), w [C, K] (any strides), bias [C] or null, state [C, K−1] (any
+/// strides; in/out; data == nullptr means zeros, not written back), out [T, C] (any row stride, unit channel stride).
+/// x is copied before out is written, so out may be x itself. Works for float and double (the reference).
+/// Checked in every build (shape_error / value_error naming the argument): shapes, the unit channel stride of x and
+/// out, out's rows not overlapping each other, w, bias or the state, K >= 1, a known activation. Not checked: the
+/// values (a NaN input propagates to the outputs it reaches).
 template <class T>
 void causal_conv1d(tensor_view<const T, 2> x, tensor_view<const T, 2> w, const T* bias, tensor_view<T, 2> state,
                    conv_activation act, tensor_view<T, 2> out) {

@@ -223,3 +223,68 @@ TEST_CASE("a long sequence's logits are bit-identical alone and beside short seq
         CHECK(bit_mismatches(run_batch(m, *be, layout::dense, 2, 1, seq, next, 9, T), alone) == 0);
     }
 }
+
+// A one-token continuation (or a fresh one-token sequence) sharing a call with prefilling sequences must get the
+// bits it gets in a decode step: the chunked / tiled kernels give one-token sequences the decode step's arithmetic.
+// Checked on the logits of that call and, through the state it leaves, on the decode step after it.
+TEST_CASE("a one-token sequence beside prefilling sequences gets its decode-step logits, and the same state") {
+    const auto m = make_model(13);
+    const std::int64_t T = 37;
+    const auto seq = tokens(T, 6);
+    const std::int32_t next = 9, after = 30;
+    const cpu_backend one(1), two(2);
+
+    // Slot 0: the target, prefilled alone, then two decode steps alone (the reference bits).
+    auto run_alone = [&](std::vector<float>& step1, std::vector<float>& step2) {
+        auto cache = m.make_cache(4);
+        std::vector<float> lg(static_cast<std::size_t>(T * V));
+        m.forward(one, cache, seq_batch::dense(1, T), seq, tensor_view<float, 2>(lg.data(), {T, V}));
+        step1.assign(static_cast<std::size_t>(V), 0.f);
+        step2.assign(static_cast<std::size_t>(V), 0.f);
+        const std::vector<std::int64_t> s0{0};
+        m.forward(one, cache, seq_batch::decode(s0), std::vector<std::int32_t>{next}, tensor_view<float, 2>(step1.data(), {1, V}));
+        m.forward(one, cache, seq_batch::decode(s0), std::vector<std::int32_t>{after}, tensor_view<float, 2>(step2.data(), {1, V}));
+    };
+    std::vector<float> ref1, ref2;
+    run_alone(ref1, ref2);
+    // A fresh one-token sequence: alone it is a decode batch.
+    std::vector<float> fresh_ref(static_cast<std::size_t>(V));
+    {
+        auto cache = m.make_cache(1);
+        m.forward(one, cache, seq_batch::dense(1, 1), std::vector<std::int32_t>{next}, tensor_view<float, 2>(fresh_ref.data(), {1, V}));
+    }
+
+    for (const cpu_backend* be : {&one, &two})
+        for (bool padded : {false, true}) {
+            CAPTURE(be->num_threads());
+            CAPTURE(padded);
+            auto cache = m.make_cache(4);
+            std::vector<float> lg(static_cast<std::size_t>(T * V));
+            m.forward(*be, cache, seq_batch::dense(1, T), seq, tensor_view<float, 2>(lg.data(), {T, V}));
+            // Mixed call: slot 1 prefills 21 tokens, slot 0 continues by one, slot 2 prefills 5, slot 3 starts with one.
+            const std::vector<std::int64_t> lens{21, 1, 5, 1}, slots{1, 0, 2, 3};
+            seq_batch b;
+            std::int64_t row = 0;
+            for (std::size_t i = 0; i < lens.size(); ++i) {
+                b.add(row, lens[i], slots[i]);
+                row += lens[i] + (padded ? 2 : 0);
+            }
+            b.n_rows = row;
+            std::vector<std::int32_t> toks(static_cast<std::size_t>(row), 0);
+            const auto o1 = tokens(21, 40), o2 = tokens(5, 41);
+            std::copy(o1.begin(), o1.end(), toks.begin() + b.starts[0]);
+            toks[static_cast<std::size_t>(b.starts[1])] = next;
+            std::copy(o2.begin(), o2.end(), toks.begin() + b.starts[2]);
+            toks[static_cast<std::size_t>(b.starts[3])] = next;
+            std::vector<float> mixed(static_cast<std::size_t>(row * V));
+            m.forward(*be, cache, b, toks, tensor_view<float, 2>(mixed.data(), {row, V}));
+            const auto at = [&](std::int64_t r) { return std::vector<float>(mixed.begin() + r * V, mixed.begin() + (r + 1) * V); };
+            CHECK(bit_mismatches(at(b.starts[1]), ref1) == 0);
+            CHECK(bit_mismatches(at(b.starts[3]), fresh_ref) == 0);
+            // The state the mixed call left in slot 0 gives the reference's next step.
+            std::vector<float> s2(static_cast<std::size_t>(V));
+            const std::vector<std::int64_t> s0{0};
+            m.forward(*be, cache, seq_batch::decode(s0), std::vector<std::int32_t>{after}, tensor_view<float, 2>(s2.data(), {1, V}));
+            CHECK(bit_mismatches(s2, ref2) == 0);
+        }
+}

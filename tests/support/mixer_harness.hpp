@@ -10,6 +10,7 @@
 //   - slot reuse: reset_slot gives a fresh sequence, copy_slot continues identically (19);
 //   - causality: later inputs never change earlier outputs, bit for bit (22);
 //   - NaN in one sequence stays in that sequence; an empty sequence and slot −1 touch nothing (7, 16);
+//   - a one-token sequence beside prefilling ones gets its decode step's bits and leaves the same state (§0);
 //   - step() rejects a sequence of more than one token.
 #pragma once
 
@@ -222,6 +223,33 @@ struct mixer_harness {
         CHECK(poisoned);
     }
 
+    /// A one-token sequence (a continuation, or a fresh sequence) that shares a forward call with prefilling
+    /// sequences gets the bits step() gives it alone, and leaves the state that step() leaves (batch invariance
+    /// across call kinds, spec.md §0).
+    void one_token_beside_prefill() const {
+        const std::int64_t T = 13, L = 19;
+        const auto x = random_rows(T, 700), nxt = random_rows(1, 701), after = random_rows(1, 702), other = random_rows(L, 703);
+        const std::vector<std::int64_t> s0{0}, s1{1};
+        auto step = [&](typename M::state_type& st, const std::vector<std::int64_t>& slot, const std::vector<float>& xt) {
+            std::vector<float> y(static_cast<std::size_t>(d));
+            m.step(be, st, seq_batch::decode(slot), tensor_view<const float, 2>(xt.data(), {1, d}), tensor_view<float, 2>(y.data(), {1, d}));
+            return y;
+        };
+        auto a = m.make_state(3);
+        (void)run(a, seq_batch::packed(std::vector<std::int64_t>{0, T}, s0), x);
+        const auto r1 = step(a, s0, nxt), r2 = step(a, s0, after), rf = step(a, s1, nxt);
+
+        auto b = m.make_state(3);
+        (void)run(b, seq_batch::packed(std::vector<std::int64_t>{0, T}, s0), x);
+        std::vector<float> xm = other;  // [other (slot 2) | nxt (slot 0) | nxt (slot 1, fresh)]
+        xm.insert(xm.end(), nxt.begin(), nxt.end());
+        xm.insert(xm.end(), nxt.begin(), nxt.end());
+        const auto y = run(b, seq_batch::packed(std::vector<std::int64_t>{0, L, L + 1, L + 2}, std::vector<std::int64_t>{2, 0, 1}), xm);
+        CHECK(rows_of(y, L, 1, d) == r1);
+        CHECK(rows_of(y, L + 1, 1, d) == rf);
+        CHECK(step(b, s0, after) == r2);
+    }
+
     void run_all() const {
         SUBCASE("matches the fp64 layer reference (packed, scattered slots, continuation, decode)") { matches_reference(); }
         SUBCASE("split invariance") { split_invariance(); }
@@ -229,6 +257,7 @@ struct mixer_harness {
         SUBCASE("packed = separate, padded = packed") { packed_and_padded(); }
         SUBCASE("slot reuse, empty entries") { slots_and_empty_entries(); }
         SUBCASE("causality, NaN isolation") { causality_and_nan_isolation(); }
+        SUBCASE("a one-token sequence beside prefilling ones = its decode step, bit for bit") { one_token_beside_prefill(); }
     }
 };
 

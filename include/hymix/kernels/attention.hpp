@@ -389,9 +389,15 @@ void decode_group(const attention_problem<float>& p, std::int64_t hk, std::int64
 
 }  // namespace detail
 
+template <cpu_backend_type Backend>
+void attention_decode(const Backend& be, std::span<const attention_problem<float>> problems, const attention_params& prm);
+
 /// Tiled causal attention over a batch of independent problems (one per sequence). Work items are
 /// (problem, head, tile of 4 SIMD widths of queries: 64 with AVX-512), run in parallel with the backend's parallel_for; each item loops over
 /// its visible key tiles with an online softmax (running max / sum in fp32), so memory stays O(tile).
+/// Problems with a single query row go to attention_decode instead (one call for all of them, after the tiles), so a
+/// one-token sequence gets the same bits in a prefill call, beside longer sequences, as in a decode step (batch
+/// invariance, spec.md §0).
 /// Throws shape_error on inconsistent shapes, H % H_kv != 0 or views that break the stride rules of attention_problem,
 /// value_error on a non-finite scale or a negative window.
 template <cpu_backend_type Backend>
@@ -401,10 +407,15 @@ void attention_prefill(const Backend& be, std::span<const attention_problem<floa
     };
     detail::attention_check_params(prm, "attention_prefill");
     std::vector<item> items;
+    std::vector<attention_problem<float>> single;  // Tq = 1: the decode kernel
     for (std::size_t pi = 0; pi < problems.size(); ++pi) {
         const auto& p = problems[pi];
         detail::attention_check(p, "attention_prefill");
         const std::int64_t Tq = p.q.dim(0);
+        if (Tq == 1) {
+            single.push_back(p);
+            continue;
+        }
         // Later query tiles see more keys: enumerate them first so the expensive items start early.
         constexpr std::int64_t tq = detail::tile_q<typename Backend::arch>;
         for (std::int64_t i0 = (Tq - 1) / tq * tq; i0 >= 0 && Tq > 0; i0 -= tq)
@@ -419,6 +430,7 @@ void attention_prefill(const Backend& be, std::span<const attention_problem<floa
             detail::attention_tile<typename Backend::arch>(p, w.h, w.i0, w.i1, scale, prm.window);
         }
     });
+    if (!single.empty()) attention_decode(be, std::span<const attention_problem<float>>(single), prm);
 }
 
 /// Decode: every problem has exactly one query row (Tq = 1, else shape_error) over Tk cached keys. Work items

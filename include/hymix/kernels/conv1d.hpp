@@ -36,6 +36,16 @@ void silu_in_place(T* o, std::int64_t C) {
             const Bf v = Bf::load_unaligned(o + c);
             (v / (Bf(1.0f) + xsimd::exp(-v))).store_unaligned(o + c);
         }
+        // The tail goes through the same SIMD exp (zero-padded), so a channel's bits do not depend on where it sits in
+        // the row: the GDN decode step convolves whole token rows, its prefill one head at a time (batch invariance).
+        if (c < C) {
+            alignas(64) float buf[W] = {};
+            std::copy(o + c, o + C, buf);
+            const Bf v = Bf::load_aligned(buf);
+            (v / (Bf(1.0f) + xsimd::exp(-v))).store_aligned(buf);
+            std::copy(buf, buf + (C - c), o + c);
+        }
+        return;
     }
     for (; c < C; ++c) o[c] = silu(o[c]);
 }

@@ -709,53 +709,6 @@ inline void gdn_chunk_output_ref(const chunk_layout& chunks, tensor_view<const d
     }
 }
 
-/// Chunked prefill (spec.md §4.3) in fp32: the composition of the five stages above, with the same maths and arguments
-/// as gated_delta_rule_ref, in chunks of `chunk` tokens per sequence (the last chunk shorter), parallel over (sequence,
-/// value head). The state is read and written in place per slot; sequences with slot −1 touch nothing and their rows of
-/// o are zero. Throws shape_error / config_error like the reference, value_error on a positive g, and config_error when
-/// chunk < 1.
-template <cpu_backend_type Backend>
-void gated_delta_rule_chunked(const Backend& be, const seq_batch& batch,
-                              tensor_view<const float, 3> q,     // [n_rows, H_k, d_k]
-                              tensor_view<const float, 3> k,     // [n_rows, H_k, d_k]
-                              tensor_view<const float, 3> v,     // [n_rows, H_v, d_v]
-                              tensor_view<const float, 2> g,     // [n_rows, H_v]
-                              tensor_view<const float, 2> beta,  // [n_rows, H_v]
-                              float scale,
-                              tensor_view<float, 4> state,  // [S, H_v, d_k, d_v] in/out
-                              tensor_view<float, 3> o,      // [n_rows, H_v, d_v]
-                              std::int64_t chunk = 64) {
-    detail::check_gated_delta_args<float>(batch, q, k, v, g, beta, state, o, "gated_delta_rule_chunked");
-    if (chunk < 1) throw config_error("gated_delta_rule_chunked: chunk size must be >= 1, found " + std::to_string(chunk));
-    const std::int64_t Hk = q.dim(1), dk = q.dim(2), Hv = v.dim(1), dv = v.dim(2), r = Hv / Hk;
-    detail::zero_uncovered_rows(batch, o);
-    const chunk_layout chunks = gdn_chunk_layout(batch, chunk);
-    // The five stages per (sequence, value head), chunks in order, with the stages' own tile code; S is the slot's state.
-    detail::for_each_chunked_seq_head(be, chunks, Hv, [&](std::int64_t b, std::int64_t e, auto item) {
-        detail::gdn_scratch w(chunks.width(), dk, dv);
-        for (std::int64_t i = b; i < e; ++i) {
-            const auto [s, hv] = item(i);
-            const std::int64_t hk = hv / r;
-            float* S = &state(batch.slots[static_cast<std::size_t>(s)], hv, 0, 0);
-            for (std::int64_t c = chunks.first_chunk(s); c < chunks.first_chunk(s + 1); ++c) {
-                const std::int64_t t = chunks.row(c), n = chunks.length(c);
-                const detail::const_row_map K = detail::rows_of(k, t, hk, n), Q = detail::rows_of(q, t, hk, n);
-                const detail::row_map A(w.a.data(), n, n, Eigen::OuterStride<>(w.a.cols()));
-                const detail::row_map Wm(w.w.data(), n, dk, Eigen::OuterStride<>(dk)), U(w.u.data(), n, dv, Eigen::OuterStride<>(dv)),
-                    Vn(w.vn.data(), n, dv, Eigen::OuterStride<>(dv));
-                detail::gdn_cumsum_tile(g, t, hv, n, w.gamma.data());
-                detail::gdn_decays([&](std::int64_t j) { return w.gamma[static_cast<std::size_t>(j)]; }, beta, t, hv, n, w);
-                detail::gdn_decay_mask_tile(g, t, hv, n, w.gm);
-                detail::gdn_wy_tile(K, w.bet.data(), w.gm, A, w.kk);
-                detail::gdn_solve_tile(detail::as_const(A), K, detail::rows_of(v, t, hv, n), w.bet.data(), w.eg.data(), Wm, U);
-                detail::gdn_new_values_tile(detail::as_const(Wm), detail::as_const(U), S, Vn);
-                detail::gdn_output_tile(Q, K, w.gm, w.eg.data(), scale, S, detail::as_const(Vn), detail::rows_of(o, t, hv, n), w);
-                detail::gdn_state_update_tile(S, K, w.gm, w.eg[static_cast<std::size_t>(n - 1)], detail::as_const(Vn), w.kd);
-            }
-        }
-    });
-}
-
 namespace detail {
 
 /// One decode token for one value head: two passes over the state [d_k, d_v].
@@ -829,6 +782,65 @@ void gated_delta_step_head(float* S,  // [d_k, d_v]
 }
 
 }  // namespace detail
+
+/// Chunked prefill (spec.md §4.3) in fp32: the composition of the five stages above, with the same maths and arguments
+/// as gated_delta_rule_ref, in chunks of `chunk` tokens per sequence (the last chunk shorter), parallel over (sequence,
+/// value head). The state is read and written in place per slot; sequences with slot −1 touch nothing and their rows of
+/// o are zero. A one-token sequence takes the decode step's arithmetic (detail::gated_delta_step_head), so its result
+/// is the same bits here and in gated_delta_rule_step, whatever else shares the call (batch invariance, spec.md §0).
+/// Throws shape_error / config_error like the reference, value_error on a positive g, and config_error when chunk < 1.
+template <cpu_backend_type Backend>
+void gated_delta_rule_chunked(const Backend& be, const seq_batch& batch,
+                              tensor_view<const float, 3> q,     // [n_rows, H_k, d_k]
+                              tensor_view<const float, 3> k,     // [n_rows, H_k, d_k]
+                              tensor_view<const float, 3> v,     // [n_rows, H_v, d_v]
+                              tensor_view<const float, 2> g,     // [n_rows, H_v]
+                              tensor_view<const float, 2> beta,  // [n_rows, H_v]
+                              float scale,
+                              tensor_view<float, 4> state,  // [S, H_v, d_k, d_v] in/out
+                              tensor_view<float, 3> o,      // [n_rows, H_v, d_v]
+                              std::int64_t chunk = 64) {
+    detail::check_gated_delta_args<float>(batch, q, k, v, g, beta, state, o, "gated_delta_rule_chunked");
+    if (chunk < 1) throw config_error("gated_delta_rule_chunked: chunk size must be >= 1, found " + std::to_string(chunk));
+    const std::int64_t Hk = q.dim(1), dk = q.dim(2), Hv = v.dim(1), dv = v.dim(2), r = Hv / Hk;
+    detail::zero_uncovered_rows(batch, o);
+    const chunk_layout chunks = gdn_chunk_layout(batch, chunk);
+    // The five stages per (sequence, value head), chunks in order, with the stages' own tile code; S is the slot's state.
+    detail::for_each_chunked_seq_head(be, chunks, Hv, [&](std::int64_t b, std::int64_t e, auto item) {
+        detail::gdn_scratch w(chunks.width(), dk, dv);
+        std::vector<float> one;  // a one-token sequence's scratch: sk, sq [d_v], scaled q [d_k]
+        for (std::int64_t i = b; i < e; ++i) {
+            const auto [s, hv] = item(i);
+            const std::int64_t hk = hv / r;
+            float* S = &state(batch.slots[static_cast<std::size_t>(s)], hv, 0, 0);
+            if (batch.lengths[static_cast<std::size_t>(s)] == 1) {  // the decode step's arithmetic (batch invariance)
+                const std::int64_t t = batch.starts[static_cast<std::size_t>(s)];
+                one.resize(static_cast<std::size_t>(2 * dv + dk));
+                float* qs = one.data() + 2 * dv;
+                for (std::int64_t a = 0; a < dk; ++a) qs[a] = scale * q(t, hk, a);
+                detail::gated_delta_step_head<typename Backend::arch>(S, qs, &k(t, hk, 0), &v(t, hv, 0), g(t, hv), beta(t, hv),
+                                                                      dk, dv, one.data(), one.data() + dv, &o(t, hv, 0));
+                continue;
+            }
+            for (std::int64_t c = chunks.first_chunk(s); c < chunks.first_chunk(s + 1); ++c) {
+                const std::int64_t t = chunks.row(c), n = chunks.length(c);
+                const detail::const_row_map K = detail::rows_of(k, t, hk, n), Q = detail::rows_of(q, t, hk, n);
+                const detail::row_map A(w.a.data(), n, n, Eigen::OuterStride<>(w.a.cols()));
+                const detail::row_map Wm(w.w.data(), n, dk, Eigen::OuterStride<>(dk)), U(w.u.data(), n, dv, Eigen::OuterStride<>(dv)),
+                    Vn(w.vn.data(), n, dv, Eigen::OuterStride<>(dv));
+                detail::gdn_cumsum_tile(g, t, hv, n, w.gamma.data());
+                detail::gdn_decays([&](std::int64_t j) { return w.gamma[static_cast<std::size_t>(j)]; }, beta, t, hv, n, w);
+                detail::gdn_decay_mask_tile(g, t, hv, n, w.gm);
+                detail::gdn_wy_tile(K, w.bet.data(), w.gm, A, w.kk);
+                detail::gdn_solve_tile(detail::as_const(A), K, detail::rows_of(v, t, hv, n), w.bet.data(), w.eg.data(), Wm, U);
+                detail::gdn_new_values_tile(detail::as_const(Wm), detail::as_const(U), S, Vn);
+                detail::gdn_output_tile(Q, K, w.gm, w.eg.data(), scale, S, detail::as_const(Vn), detail::rows_of(o, t, hv, n), w);
+                detail::gdn_state_update_tile(S, K, w.gm, w.eg[static_cast<std::size_t>(n - 1)], detail::as_const(Vn), w.kd);
+            }
+        }
+    });
+}
+
 
 /// Recurrent decode step (spec.md §4.1, §4.4): every sequence of `batch` must hold exactly one token (else
 /// shape_error, even for slot −1 entries). Same arguments and semantics as gated_delta_rule_chunked.

@@ -641,10 +641,81 @@ inline void ssd_chunk_scan_ref(const ssd_inputs<double>& in, const chunk_layout&
     }
 }
 
+namespace detail {
+
+/// The decode step of one (sequence, head) in fp32 (spec.md §3.4): S ← S·exp(Δ A) + Δ (x ⊗ B), y = S·C + D x for
+/// the sequence's single token at row seq.start. SIMD over the state width N with 4 accumulator chains per row of
+/// head_dim (one chain would be bound by FMA latency), rows in memory order. A null state is a zero state
+/// (`local` holds it; it is not written back). Shared by ssd_step and by ssd_chunked's one-token sequences, so a
+/// sequence's bits do not depend on which entry point (or which batch) it went through.
+template <class Arch>
+void ssd_step_head(const ssd_inputs<float>& in, const ssd_sequence<float>& seq, std::int64_t h, tensor_view<float, 3> y,
+                   std::vector<float>& local) {
+    using Bf = xsimd::batch<float, Arch>;
+    constexpr std::int64_t W = static_cast<std::int64_t>(Bf::size);
+    const std::int64_t H = in.n_heads(), P = in.head_dim(), G = in.n_groups(), N = in.d_state();
+    const std::int64_t Nv = N / W * W, g = h / (H / G), t = seq.start;
+    float* S = seq.state ? seq.state + h * P * N : nullptr;
+    if (!S) {
+        local.assign(static_cast<std::size_t>(P * N), 0.0f);
+        S = local.data();
+    }
+    const float delta = in.dt(t, h);
+    const float dA = std::exp(delta * in.A[h]);
+    const float* Bt = &in.B(t, g, 0);
+    const float* Ct = &in.C(t, g, 0);
+    const float* xt = &in.x(t, h, 0);
+    float* yt = &y(t, h, 0);
+    const Bf vdA(dA);
+    std::int64_t p = 0;
+    if (Nv == N && Nv >= 4 * W)  // rows in memory order, 4 accumulator chains per row (not 1 latency-bound chain)
+        for (; p < P; ++p) {
+            float* sp = S + p * N;
+            const Bf vdx(delta * xt[p]);
+            std::array<Bf, 4> acc{Bf(0.0f), Bf(0.0f), Bf(0.0f), Bf(0.0f)};
+            std::int64_t n = 0;
+            for (; n + 4 * W <= N; n += 4 * W)
+                for (std::size_t u = 0; u < 4; ++u) {
+                    const std::int64_t o = n + static_cast<std::int64_t>(u) * W;
+                    const Bf sv = xsimd::fma(Bf::load_unaligned(sp + o), vdA, vdx * Bf::load_unaligned(Bt + o));
+                    sv.store_unaligned(sp + o);
+                    acc[u] = xsimd::fma(sv, Bf::load_unaligned(Ct + o), acc[u]);
+                }
+            for (std::size_t u = 0; n < N; n += W, ++u) {
+                const Bf sv = xsimd::fma(Bf::load_unaligned(sp + n), vdA, vdx * Bf::load_unaligned(Bt + n));
+                sv.store_unaligned(sp + n);
+                acc[u] = xsimd::fma(sv, Bf::load_unaligned(Ct + n), acc[u]);
+            }
+            yt[p] = xsimd::hadd((acc[0] + acc[1]) + (acc[2] + acc[3])) + skip_coef(in, h, p) * xt[p];
+        }
+    for (; p < P; ++p) {
+        float* sp = S + p * N;
+        const float dx = delta * xt[p];
+        const Bf vdx(dx);
+        Bf acc(0.0f);
+        std::int64_t n = 0;
+        for (; n < Nv; n += W) {
+            const Bf sv = xsimd::fma(Bf::load_unaligned(sp + n), vdA, vdx * Bf::load_unaligned(Bt + n));
+            sv.store_unaligned(sp + n);
+            acc = xsimd::fma(sv, Bf::load_unaligned(Ct + n), acc);
+        }
+        float r = xsimd::hadd(acc);
+        for (; n < N; ++n) {
+            sp[n] = sp[n] * dA + dx * Bt[n];
+            r += sp[n] * Ct[n];
+        }
+        yt[p] = r + skip_coef(in, h, p) * xt[p];
+    }
+}
+
+}  // namespace detail
+
 /// Chunked SSD (spec.md §3.3), fp32, for many sequences at once: the composition of the five stages above. Chunk c
 /// of a sequence covers its tokens [cQ, min(len, (c+1)Q)); every sequence starts from its own state. y [R, H, P]
 /// receives the rows of every sequence (other rows are not written). Parallel over (chunk, group) for C·Bᵀ, then
-/// over (sequence, head) for the fused rest. Throws shape_error on inconsistent shapes, strides or overlapping
+/// over (sequence, head) for the fused rest. A one-token sequence takes the decode step's arithmetic
+/// (detail::ssd_step_head), so its result is the same bits whether it shares a call with longer sequences or goes
+/// through ssd_step (batch invariance, spec.md §0). Throws shape_error on inconsistent shapes, strides or overlapping
 /// sequences, value_error on A > 0 or a negative / infinite Δ, config_error when chunk < 1.
 template <cpu_backend_type Backend>
 void ssd_chunked(const Backend& be, const ssd_inputs<float>& in, std::span<const ssd_sequence<float>> seqs,
@@ -666,9 +737,14 @@ void ssd_chunked(const Backend& be, const ssd_inputs<float>& in, std::span<const
     // stages' own tile code; the running state H is the sequence's state slot (read, then overwritten).
     be.parallel_for(n_seq * H, 1, [&](std::int64_t i0, std::int64_t i1) {
         detail::ssd_scratch w(W, P, N);
+        std::vector<float> local;
         for (std::int64_t i = i0; i < i1; ++i) {
             const std::int64_t s = i / H, h = i % H, g = h / (H / G);
             if (chunks.first_chunk(s) == chunks.first_chunk(s + 1)) continue;
+            if (seqs[static_cast<std::size_t>(s)].length == 1) {
+                detail::ssd_step_head<Arch>(in, seqs[static_cast<std::size_t>(s)], h, y, local);
+                continue;
+            }
             float* hs = seqs[static_cast<std::size_t>(s)].state;
             if (hs) {
                 hs += h * P * N;
@@ -687,80 +763,22 @@ void ssd_chunked(const Backend& be, const ssd_inputs<float>& in, std::span<const
 }
 
 /// Decode step (spec.md §3.4), fp32: every sequence holds exactly one token (shape_error otherwise);
-///   state ← state · exp(Δ A) + Δ (x ⊗ B),  y = state · C + D x.
+///   state ← state · exp(Δ A) + Δ (x ⊗ B),  y = state · C + D x   (detail::ssd_step_head).
 /// Parallel over (sequence, head) with a fixed (sequence, head) → thread map (parallel_for_static, so a head's state
-/// stays in the cache of the core that updated it last step); SIMD over the state width N with 4 accumulator chains
-/// per row of head_dim (one chain would be bound by FMA latency), rows in memory order.
-/// Throws like ssd_chunked.
+/// stays in the cache of the core that updated it last step). Throws like ssd_chunked.
 template <cpu_backend_type Backend>
 void ssd_step(const Backend& be, const ssd_inputs<float>& in, std::span<const ssd_sequence<float>> seqs,
               tensor_view<float, 3> y) {
-    using Bf = xsimd::batch<float, typename Backend::arch>;
-    constexpr std::int64_t W = static_cast<std::int64_t>(Bf::size);
     detail::ssd_check(in, seqs, y, "ssd_step");
     for (std::size_t s = 0; s < seqs.size(); ++s)
         if (seqs[s].length != 1)
             throw shape_error("ssd_step: sequence " + std::to_string(s) + " has " + std::to_string(seqs[s].length) +
                               " tokens, the decode step takes exactly 1");
-    const std::int64_t H = in.n_heads(), P = in.head_dim(), G = in.n_groups(), N = in.d_state();
-    const std::int64_t heads_per_group = H / G, Nv = N / W * W;
-    const std::int64_t n_seq = static_cast<std::int64_t>(seqs.size());
+    const std::int64_t H = in.n_heads(), n_seq = static_cast<std::int64_t>(seqs.size());
     be.parallel_for_static(n_seq * H, [&](std::int64_t i0, std::int64_t i1) {
         std::vector<float> local;
-        for (std::int64_t i = i0; i < i1; ++i) {
-            const std::int64_t s = i / H, h = i % H, g = h / heads_per_group, t = seqs[s].start;
-            float* S = seqs[s].state ? seqs[s].state + h * P * N : nullptr;
-            if (!S) {
-                local.assign(static_cast<std::size_t>(P * N), 0.0f);
-                S = local.data();
-            }
-            const float delta = in.dt(t, h);
-            const float dA = std::exp(delta * in.A[h]);
-            const float* Bt = &in.B(t, g, 0);
-            const float* Ct = &in.C(t, g, 0);
-            const float* xt = &in.x(t, h, 0);
-            float* yt = &y(t, h, 0);
-            const Bf vdA(dA);
-            std::int64_t p = 0;
-            if (Nv == N && Nv >= 4 * W)  // rows in memory order, 4 accumulator chains per row (not 1 latency-bound chain)
-                for (; p < P; ++p) {
-                    float* sp = S + p * N;
-                    const Bf vdx(delta * xt[p]);
-                    std::array<Bf, 4> acc{Bf(0.0f), Bf(0.0f), Bf(0.0f), Bf(0.0f)};
-                    std::int64_t n = 0;
-                    for (; n + 4 * W <= N; n += 4 * W)
-                        for (std::size_t u = 0; u < 4; ++u) {
-                            const std::int64_t o = n + static_cast<std::int64_t>(u) * W;
-                            const Bf sv = xsimd::fma(Bf::load_unaligned(sp + o), vdA, vdx * Bf::load_unaligned(Bt + o));
-                            sv.store_unaligned(sp + o);
-                            acc[u] = xsimd::fma(sv, Bf::load_unaligned(Ct + o), acc[u]);
-                        }
-                    for (std::size_t u = 0; n < N; n += W, ++u) {
-                        const Bf sv = xsimd::fma(Bf::load_unaligned(sp + n), vdA, vdx * Bf::load_unaligned(Bt + n));
-                        sv.store_unaligned(sp + n);
-                        acc[u] = xsimd::fma(sv, Bf::load_unaligned(Ct + n), acc[u]);
-                    }
-                    yt[p] = xsimd::hadd((acc[0] + acc[1]) + (acc[2] + acc[3])) + detail::skip_coef(in, h, p) * xt[p];
-                }
-            for (; p < P; ++p) {
-                float* sp = S + p * N;
-                const float dx = delta * xt[p];
-                const Bf vdx(dx);
-                Bf acc(0.0f);
-                std::int64_t n = 0;
-                for (; n < Nv; n += W) {
-                    const Bf sv = xsimd::fma(Bf::load_unaligned(sp + n), vdA, vdx * Bf::load_unaligned(Bt + n));
-                    sv.store_unaligned(sp + n);
-                    acc = xsimd::fma(sv, Bf::load_unaligned(Ct + n), acc);
-                }
-                float r = xsimd::hadd(acc);
-                for (; n < N; ++n) {
-                    sp[n] = sp[n] * dA + dx * Bt[n];
-                    r += sp[n] * Ct[n];
-                }
-                yt[p] = r + detail::skip_coef(in, h, p) * xt[p];
-            }
-        }
+        for (std::int64_t i = i0; i < i1; ++i)
+            detail::ssd_step_head<typename Backend::arch>(in, seqs[static_cast<std::size_t>(i / H)], i % H, y, local);
     });
 }
 

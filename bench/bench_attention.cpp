@@ -4,6 +4,7 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
+#include <span>
 #include <random>
 #include <vector>
 
@@ -105,8 +106,44 @@ void BM_attn_decode(benchmark::State& st) {
     hymix::bench::report(st, Bd, Bd * proj_flops(c) + attn, weight_bytes(c) + kv_bytes, be.num_threads());
 }
 
+// Args: query heads H, KV heads H_kv, head_dim, context, batch B. The decode kernel alone (kernels::attention_decode,
+// no projections) over B caches of `context` fp32 keys and values: the shape of llama.cpp's test-backend-ops
+// flash-attention decode case (hd 128, 32 / 8 heads, kv 32768), which reads 268 MB of KV per step. The bandwidth
+// fraction is against the read bandwidth measured at that working-set size (DRAM).
+void BM_attn_decode_kernel(benchmark::State& st) {
+    const std::int64_t H = st.range(0), Hkv = st.range(1), dh = st.range(2), ctx = st.range(3), B = st.range(4);
+    hymix::cpu_backend be;
+    const auto q = hymix::bench::random_vec(static_cast<std::size_t>(B * H * dh), 3);
+    hymix::tensor<float> kv({2 * B, Hkv, ctx, dh});  // 64-byte aligned, as the KV cache is
+    std::uint32_t r = 999;
+    for (auto& v : kv.span()) {
+        r = r * 1664525u + 1013904223u;
+        v = static_cast<float>(r >> 8) * (1.f / 16777216.f) - 0.5f;
+    }
+    std::vector<float> o(static_cast<std::size_t>(B * H * dh));
+    std::vector<hymix::kernels::attention_problem<float>> probs(static_cast<std::size_t>(B));
+    for (std::int64_t b = 0; b < B; ++b) {
+        auto& p = probs[static_cast<std::size_t>(b)];
+        p.q = hymix::tensor_view<const float, 3>(q.data() + b * H * dh, {1, H, dh});
+        // The KV cache's layout: [H_kv, capacity, d_h] per sequence (mixer/kv_cache.hpp), viewed as [ctx, H_kv, d_h].
+        p.k = hymix::tensor_view<const float, 3>(kv.data() + 2 * b * ctx * Hkv * dh, {ctx, Hkv, dh}, {dh, ctx * dh, 1});
+        p.v = hymix::tensor_view<const float, 3>(kv.data() + (2 * b + 1) * ctx * Hkv * dh, {ctx, Hkv, dh}, {dh, ctx * dh, 1});
+        p.o = hymix::tensor_view<float, 3>(o.data() + b * H * dh, {1, H, dh});
+    }
+    for (auto _ : st) {
+        hymix::kernels::attention_decode(be, std::span<const hymix::kernels::attention_problem<float>>(probs), {});
+        benchmark::DoNotOptimize(o.data());
+    }
+    const double Bd = static_cast<double>(B), kv_bytes = Bd * 2.0 * 4.0 * static_cast<double>(ctx * Hkv * dh);
+    hymix::bench::report(st, Bd, Bd * 4.0 * static_cast<double>(H * dh * ctx), kv_bytes, be.num_threads());
+}
+
 }  // namespace
 
+BENCHMARK(BM_attn_decode_kernel)
+    ->ArgNames({"H", "H_kv", "d_h", "ctx", "B"})
+    ->Args({32, 8, 128, 32768, 1})->Args({32, 8, 128, 4096, 1})->Args({32, 8, 128, 1024, 1})->Args({12, 12, 64, 32768, 1})->Args({8, 2, 256, 32768, 1})
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_attn_prefill)
     ->ArgNames({"layer", "B", "T"})
     ->Args({0, 1, 512})->Args({0, 1, 2048})->Args({0, 8, 512})->Args({0, 8, 2048})

@@ -214,7 +214,11 @@ TEST_CASE("attention decode (split-K, LSE merge) vs reference and vs the tiled p
             std::int64_t Tk, H, Hkv, dh, window;
         };
         const shape shapes[] = {{0, 2, 1, 8, 0},       {1, 4, 2, 16, 0},      {5000, 4, 2, 24, 0}, {4097, 2, 2, 64, 0},
-                                {3000, 3, 1, 17, 700}, {2500, 2, 1, 64, 1},   {700, 8, 8, 32, 0}};
+                                {3000, 3, 1, 17, 700}, {2500, 2, 1, 64, 1},   {700, 8, 8, 32, 0},
+                                // register tiles of the decode kernel: 4 heads × keys (g 4, d_h 128), 1 head (g 3),
+                                // 2 heads (g 6) with d_h vectors left over, key counts off the tile
+                                {4100, 8, 2, 128, 0}, {1500, 6, 2, 48, 0},   {2051, 12, 2, 80, 0}, {37, 4, 1, 32, 0},
+                                {1031, 8, 2, 128, 300}};
         for (const auto& s : shapes) {
             CAPTURE(threads);
             CAPTURE(s.Tk);

@@ -19,6 +19,7 @@
 #include "hymix/core/check.hpp"
 #include "hymix/core/error.hpp"
 #include "hymix/core/tensor.hpp"
+#include "hymix/kernels/lane_sum.hpp"
 
 namespace hymix::kernels {
 
@@ -347,14 +348,87 @@ void attention_tile(const attention_problem<float>& p, std::int64_t h, std::int6
     }
 }
 
+/// Register tiles of the decode kernel: `tile` accumulators (16 with 32 vector registers, 8 with 16), split between
+/// query heads and keys (scores) or query heads and d_h vectors (P·V). heads(g): the query heads per tile, the largest
+/// of 4, 2, 1 that divides the group size g.
+template <class Arch>
+struct decode_tiles {
+    static constexpr int tile = std::is_base_of_v<xsimd::avx512f, Arch> ? 16 : 8;
+    static int heads(std::int64_t g) { return g % 4 == 0 ? 4 : g % 2 == 0 ? 2 : 1; }
+};
+
+/// Scores of HC query heads × KC keys: s[h·ld + j] = scale · (q_h · k_j) over d_h (a multiple of the SIMD width), one
+/// accumulator per (head, key) fed by each loaded key vector HC times; the sums of all HC·KC accumulators at once
+/// (lane_tree_sum16 with AVX-512). A key's score is the same bits in any tile shape.
+template <class Arch, int HC, int KC>
+inline void score_tile(const float* const* q, const float* k, std::int64_t ks, std::int64_t dh, float scale, float* s,
+                       std::int64_t ld) {
+    using V = xsimd::batch<float, Arch>;
+    constexpr std::int64_t W = static_cast<std::int64_t>(V::size);
+    V acc[HC * KC];
+    static_for<HC * KC>([&](auto i) { acc[i] = V(0.f); });
+    for (std::int64_t d = 0; d < dh; d += W) {
+        V kv[KC];
+        static_for<KC>([&](auto j) { kv[j] = V::load_unaligned(k + j * ks + d); });
+        static_for<HC>([&](auto h) {
+            const V qv = V::load_unaligned(q[h] + d);
+            static_for<KC>([&](auto j) { acc[h * KC + j] = xsimd::fma(qv, kv[j], acc[h * KC + j]); });
+        });
+    }
+#if defined(__AVX512F__)
+    if constexpr (std::is_base_of_v<xsimd::avx512f, Arch> && HC * KC <= 16) {
+        alignas(64) float sums[16];
+        _mm512_store_ps(sums, _mm512_mul_ps(lane_tree_sum16<HC * KC>([&](auto i) -> __m512 { return acc[i]; }), _mm512_set1_ps(scale)));
+        static_for<HC * KC>([&](auto i) { s[(i / KC) * ld + i % KC] = sums[i]; });
+        return;
+    }
+#endif
+    static_for<HC * KC>([&](auto i) { s[(i / KC) * ld + i % KC] = lane_tree_sum<Arch>(acc[i]) * scale; });
+}
+
+/// o_h[c0 …] ← α_h · o_h[c0 …] + Σ_j p[h·ld + j] · v_j[c0 …] for HC heads and VC SIMD vectors of d_h from column c0,
+/// over n keys: the HC·VC sums stay in registers for the whole key block, each loaded value vector feeding HC of them.
+/// With `pf`, row j of [pf, pf + pn·pfs) (the next block's keys, each `row_bytes` long) is prefetched while key j is
+/// summed, so the memory reads of the next block overlap this block's arithmetic.
+template <class Arch, int HC, int VC>
+inline void pv_tile(const float* p, std::int64_t ld, const float* v, std::int64_t vs, std::int64_t n, std::int64_t c0,
+                    float* const* o, const float* alpha, const float* pf = nullptr, std::int64_t pfs = 0, std::int64_t pn = 0,
+                    std::int64_t row_floats = 0) {
+    using V = xsimd::batch<float, Arch>;
+    constexpr std::int64_t W = static_cast<std::int64_t>(V::size);
+    V acc[HC * VC];
+    static_for<HC * VC>([&](auto i) { acc[i] = V(0.f); });
+    for (std::int64_t j = 0; j < n; ++j) {
+        if (j < pn)
+            for (std::int64_t c = 0; c < row_floats; c += 16) __builtin_prefetch(pf + j * pfs + c, 0, 3);
+        V vv[VC];
+        static_for<VC>([&](auto c) { vv[c] = V::load_unaligned(v + j * vs + c0 + c * W); });
+        static_for<HC>([&](auto h) {
+            const V pj(p[h * ld + j]);
+            static_for<VC>([&](auto c) { acc[h * VC + c] = xsimd::fma(pj, vv[c], acc[h * VC + c]); });
+        });
+    }
+    static_for<HC>([&](auto h) {
+        const V a(alpha[h]);
+        static_for<VC>([&](auto c) {
+            float* oc = o[h] + c0 + c * W;
+            xsimd::fma(V::load_unaligned(oc), a, acc[h * VC + c]).store_unaligned(oc);
+        });
+    });
+}
+
 /// The g = H/H_kv query heads of KV head hk over keys [j0, j1): partial rows [g, 2 + d_h] = (m, l, unnormalised o)
-/// each. Keys go in blocks of 512 (128 KiB of K at d_h 64, L2-resident): per block and head, one pass over K for
-/// the scores and one over V for the output, so the g heads of a group read each block from memory once.
+/// each. Keys go in blocks of 512; per block, one pass over K for the scores of all heads of the group (register
+/// tiles of heads × keys) and one over V for their outputs (tiles of heads × d_h vectors, accumulated in registers
+/// over the block), so K and V are read from memory once per group. sbuf holds g · 512 floats. d_h not a multiple of
+/// the SIMD width takes a plain path with the same maths.
 template <class Arch>
 void decode_group(const attention_problem<float>& p, std::int64_t hk, std::int64_t j0, std::int64_t j1, float scale,
                   float* rows, std::int64_t pw, float* sbuf) {
+    constexpr std::int64_t W = static_cast<std::int64_t>(xsimd::batch<float, Arch>::size);
+    constexpr int tile = decode_tiles<Arch>::tile;
     const std::int64_t dh = p.q.dim(2), g = p.q.dim(1) / p.k.dim(1);
-    constexpr std::int64_t blk = 512;
+    constexpr std::int64_t blk = 512, key_ahead = 32;
     const float ninf = -std::numeric_limits<float>::infinity();
     for (std::int64_t r = 0; r < g; ++r) {
         rows[r * pw] = ninf;
@@ -362,27 +436,83 @@ void decode_group(const attention_problem<float>& p, std::int64_t hk, std::int64
         std::fill(rows + r * pw + 2, rows + r * pw + 2 + dh, 0.f);
     }
     const std::int64_t ks = p.k.strides[0], vs = p.v.strides[0];
+    const bool tiled = dh % W == 0;
+    const int hc = decode_tiles<Arch>::heads(g);
+    std::vector<const float*> qh(static_cast<std::size_t>(g));
+    std::vector<float*> oh(static_cast<std::size_t>(g));
+    std::vector<float> alpha(static_cast<std::size_t>(g));
+    for (std::int64_t r = 0; r < g; ++r) {
+        qh[static_cast<std::size_t>(r)] = &p.q(0, hk * g + r, 0);
+        oh[static_cast<std::size_t>(r)] = rows + r * pw + 2;
+    }
     for (std::int64_t b0 = j0; b0 < j1; b0 += blk) {
         const std::int64_t n = std::min(blk, j1 - b0);
         const float* kb = &p.k(b0, hk, 0);
         const float* vb = &p.v(b0, hk, 0);
+        // 1. Scores s[r, j] of every head r of the group.
+        if (tiled) {
+            with_constant<4>(hc, [&](auto HC) {
+                constexpr int KC = tile / HC;
+                for (std::int64_t r = 0; r < g; r += HC) {
+                    std::int64_t j = 0;
+                    for (; j + KC <= n; j += KC) {
+                        if (r == 0)  // start bringing the same keys' values in while their scores are computed
+                            for (std::int64_t jj = j; jj < j + KC; ++jj) {
+                                for (std::int64_t c = 0; c < dh; c += 16) __builtin_prefetch(vb + jj * vs + c, 0, 3);
+                                // The first block's keys were not prefetched by a previous block: run ahead of them.
+                                if (b0 == j0 && jj + key_ahead < n)
+                                    for (std::int64_t c = 0; c < dh; c += 16) __builtin_prefetch(kb + (jj + key_ahead) * ks + c, 0, 3);
+                            }
+                        score_tile<Arch, HC, KC>(qh.data() + r, kb + j * ks, ks, dh, scale, sbuf + r * blk + j, blk);
+                    }
+                    for (; j < n; ++j) score_tile<Arch, HC, 1>(qh.data() + r, kb + j * ks, ks, dh, scale, sbuf + r * blk + j, blk);
+                }
+            });
+        } else {
+            for (std::int64_t r = 0; r < g; ++r)
+                for (std::int64_t j = 0; j < n; ++j) sbuf[r * blk + j] = scale * dot<Arch>(qh[static_cast<std::size_t>(r)], kb + j * ks, dh);
+        }
+        // 2. Online softmax per head: new running max, weights exp(s − max), the rescale α of what came before.
         for (std::int64_t r = 0; r < g; ++r) {
-            const float* q = &p.q(0, hk * g + r, 0);
             float* row = rows + r * pw;
-            float* o_acc = row + 2;
-            for (std::int64_t j = 0; j < n; ++j) sbuf[j] = scale * dot<Arch>(q, kb + j * ks, dh);
+            float* sr = sbuf + r * blk;
             const float m_old = row[0];
-            const float m_new = std::max(m_old, max_of<Arch>(sbuf, n));
+            const float m_new = std::max(m_old, max_of<Arch>(sr, n));
             // While no finite score has been seen (m_new = −∞: the block's scores are all −∞), the weights are taken
             // relative to 0 instead of m_new, so exp(−∞ − (−∞)) is never evaluated: −∞ gives 0, NaN stays NaN.
             const float ref = m_new == ninf ? 0.f : m_new;
-            const float alpha = m_old == ninf ? 0.f : std::exp(m_old - m_new);
-            const float sum = exp_scaled_sum<Arch>(sbuf, n, 1.f, ref);
-            if (alpha != 1.f)
-                for (std::int64_t c = 0; c < dh; ++c) o_acc[c] *= alpha;
-            row[1] = row[1] * alpha + sum;
+            const float a = m_old == ninf ? 0.f : std::exp(m_old - m_new);
+            const float sum = exp_scaled_sum<Arch>(sr, n, 1.f, ref);
+            row[1] = row[1] * a + sum;
             row[0] = m_new;
-            for (std::int64_t j = 0; j < n; ++j) axpy<Arch>(o_acc, sbuf[j], vb + j * vs, dh);
+            alpha[static_cast<std::size_t>(r)] = a;
+        }
+        // 3. o_r ← α_r o_r + Σ_j p[r, j] v_j.
+        if (tiled) {
+            with_constant<4>(hc, [&](auto HC) {
+                constexpr int VC = tile / HC;
+                const std::int64_t nv = dh / W;
+                // The next block's keys come in while this block's values are summed (first tile only).
+                const std::int64_t nn = std::min(blk, j1 - b0 - n);
+                for (std::int64_t r = 0; r < g; r += HC) {
+                    std::int64_t c = 0;
+                    for (; c + VC <= nv; c += VC)
+                        pv_tile<Arch, HC, VC>(sbuf + r * blk, blk, vb, vs, n, c * W, oh.data() + r, alpha.data() + r,
+                                              kb + n * ks, ks, r == 0 && c == 0 ? nn : 0, dh);
+                    if (c < nv)
+                        with_constant<VC>(static_cast<int>(nv - c), [&](auto RC) {
+                            pv_tile<Arch, HC, decltype(RC)::value>(sbuf + r * blk, blk, vb, vs, n, c * W, oh.data() + r, alpha.data() + r);
+                        });
+                }
+            });
+        } else {
+            for (std::int64_t r = 0; r < g; ++r) {
+                float* o_acc = oh[static_cast<std::size_t>(r)];
+                const float a = alpha[static_cast<std::size_t>(r)];
+                if (a != 1.f)
+                    for (std::int64_t c = 0; c < dh; ++c) o_acc[c] *= a;
+                for (std::int64_t j = 0; j < n; ++j) axpy<Arch>(o_acc, sbuf[r * blk + j], vb + j * vs, dh);
+            }
         }
     }
 }
@@ -435,9 +565,11 @@ void attention_prefill(const Backend& be, std::span<const attention_problem<floa
 
 /// Decode: every problem has exactly one query row (Tq = 1, else shape_error) over Tk cached keys. Work items
 /// are (problem, KV head, key block): all H/H_kv query heads of a group share each K/V read, and a long key range
-/// is split into blocks of at least 1024 keys, run in parallel and merged through their LSE in block order. The
-/// blocks depend on the sequence's own key count only — never on the thread count or the rest of the batch — so a
-/// sequence's output is the same bits in any batch (batch invariance, spec.md §0).
+/// is split into blocks of at least 1024 keys, run in parallel and merged through their LSE in block order: up to
+/// 64 / H_kv blocks per KV head (so a problem offers about 64 work items), never shorter than 1024 keys (longer
+/// blocks stream K and V with fewer cold starts). The blocks depend on the sequence's own key count and head shape
+/// only — never on the thread count or the rest of the batch — so a sequence's output is the same bits in any batch
+/// (batch invariance, spec.md §0).
 template <cpu_backend_type Backend>
 void attention_decode(const Backend& be, std::span<const attention_problem<float>> problems, const attention_params& prm) {
     using Arch = typename Backend::arch;
@@ -451,7 +583,7 @@ void attention_decode(const Backend& be, std::span<const attention_problem<float
         if (p.q.dim(0) != 1)
             throw shape_error("attention_decode: every sequence must have exactly 1 query token, found " + std::to_string(p.q.dim(0)));
     }
-    constexpr std::int64_t min_keys = 1024;
+    constexpr std::int64_t min_keys = 1024, items_per_problem = 64;
     std::int64_t n_partial = 0;
     for (std::size_t pi = 0; pi < problems.size(); ++pi) {
         const auto& p = problems[pi];
@@ -459,7 +591,7 @@ void attention_decode(const Backend& be, std::span<const attention_problem<float
         std::int64_t lo, hi;
         detail::visible_keys(0, 1, Tk, prm.window, lo, hi);
         const std::int64_t n = hi - lo;
-        const std::int64_t splits = std::max<std::int64_t>(1, n / min_keys);
+        const std::int64_t splits = std::max<std::int64_t>(1, std::min(n / min_keys, items_per_problem / Hkv));
         const std::int64_t len = (n + splits - 1) / splits;
         for (std::int64_t hk = 0; hk < Hkv; ++hk)
             for (std::int64_t s = 0; s < splits; ++s) {
@@ -468,8 +600,11 @@ void attention_decode(const Backend& be, std::span<const attention_problem<float
                 n_partial += g;
             }
     }
-    std::int64_t dh_max = 0;
-    for (const auto& p : problems) dh_max = std::max(dh_max, p.q.dim(2));
+    std::int64_t dh_max = 0, g_max = 1;
+    for (const auto& p : problems) {
+        dh_max = std::max(dh_max, p.q.dim(2));
+        g_max = std::max(g_max, p.q.dim(1) / p.k.dim(1));
+    }
     // Partial rows: [n_partial, 2 + d_h]: m, l, unnormalised o.
     const std::int64_t pw = 2 + dh_max;
     auto& part = detail::attention_scratch::get().part;  // the calling thread's scratch (workers use their own)
@@ -477,7 +612,7 @@ void attention_decode(const Backend& be, std::span<const attention_problem<float
     float* P = part.data();
     be.parallel_for(static_cast<std::int64_t>(items.size()), 1, [&](std::int64_t b, std::int64_t e) {
         auto& sc = detail::attention_scratch::get();
-        detail::grow(sc.s, 512);
+        detail::grow(sc.s, static_cast<std::size_t>(512 * g_max));
         for (std::int64_t it = b; it < e; ++it) {
             const auto& w = items[static_cast<std::size_t>(it)];
             const auto& p = problems[static_cast<std::size_t>(w.p)];

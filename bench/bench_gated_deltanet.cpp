@@ -99,7 +99,8 @@ void BM_gdn_decode(benchmark::State& st) {
 /// The gated delta rule core alone (130M-class heads: 6 key heads, 12 value heads, d_k = d_v = 128, chunk 64), one
 /// sequence of T tokens; FLOPs counted as in BM_gdn_prefill's core term.
 void BM_gdn_chunked_core(benchmark::State& st) {
-    const auto c = layer_config(1);
+    auto c = layer_config(1);
+    c.chunk_size = st.range(1);
     const std::int64_t T = st.range(0), Hk = c.n_k_heads, Hv = c.n_v_heads, dk = c.d_k, dv = c.d_v;
     hymix::cpu_backend be(2);
     auto q = hymix::bench::random_vec(static_cast<std::size_t>(T * Hk * dk), 6), k = hymix::bench::random_vec(q.size(), 7);
@@ -161,5 +162,5 @@ BENCHMARK(BM_gdn_prefill)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_gdn_decode)->ArgNames({"layer", "B"})->ArgsProduct({{0, 1}, {1, 8}})->Unit(benchmark::kMicrosecond)->UseRealTime();
-BENCHMARK(BM_gdn_chunked_core)->ArgName("T")->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_gdn_chunked_core)->ArgNames({"T", "chunk"})->ArgsProduct({{512, 2048}, {32, 64, 128}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_gdn_step_core)->ArgName("B")->Arg(1)->Arg(8)->Unit(benchmark::kMicrosecond)->UseRealTime();

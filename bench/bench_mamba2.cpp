@@ -24,20 +24,20 @@ hymix::mamba2_config layer_config(std::int64_t d_model) {
         c.n_heads = 8;
         c.d_state = 64;
         c.chunk_size = 64;
-    } else {
+    } else {  // 130M / 780M heads; chunk_size 0 as a loaded checkpoint runs (its 256 is not used: the backend's choice)
         c.n_heads = 24;
         c.d_state = 128;
-        c.chunk_size = 256;
+        c.chunk_size = 0;
     }
     return c;
 }
 
 /// FLOPs per token of one layer: projections, conv, and the SSD work per token (chunked: C·Bᵀ per group,
 /// triangular intra-chunk product, inter-chunk output and chunk state per head; step: update + output).
-double flops_per_token(const hymix::mamba2_config& c, std::int64_t T, bool decode) {
+double flops_per_token(const hymix::mamba2_config& c, std::int64_t Q_run, std::int64_t T, bool decode) {
     const double d = double(c.d_model), di = double(c.d_inner()), np = double(c.d_in_proj()), cd = double(c.conv_dim());
     const double H = double(c.n_heads), P = double(c.head_dim), N = double(c.d_state), G = double(c.n_groups);
-    const double Q = double(std::min(c.chunk_size, T));
+    const double Q = double(std::min(Q_run, T));
     double f = 2 * d * np + 2 * di * d + 2 * double(c.d_conv) * cd;
     if (decode) f += 4 * H * P * N;
     else f += 2 * Q * N * G + Q * P * H + 4 * N * P * H;
@@ -67,7 +67,7 @@ void BM_mamba2_prefill(benchmark::State& st) {
         benchmark::ClobberMemory();
     }
     const double tokens = double(B * T);
-    hymix::bench::report(st, tokens, tokens * flops_per_token(cfg, T, false),
+    hymix::bench::report(st, tokens, tokens * flops_per_token(cfg, m.chunk_for(be), T, false),
                          weight_bytes(cfg) + tokens * 8.0 * double(d) + 2.0 * double(B) * state_bytes(cfg), be.num_threads());
 }
 
@@ -88,13 +88,15 @@ void BM_mamba2_decode(benchmark::State& st) {
         benchmark::ClobberMemory();
     }
     const double tokens = double(B);
-    hymix::bench::report(st, tokens, tokens * flops_per_token(cfg, 1, true), weight_bytes(cfg) + 2.0 * double(B) * state_bytes(cfg),
+    hymix::bench::report(st, tokens, tokens * flops_per_token(cfg, 1, 1, true), weight_bytes(cfg) + 2.0 * double(B) * state_bytes(cfg),
                          be.num_threads());
 }
 
-/// The SSD core alone (130M-class head layout, T = 2048, one sequence), FLOPs as in flops_per_token.
+/// The SSD core alone (130M-class head layout: H 24, P 64, N 128; one sequence of T tokens) at chunk length Q,
+/// FLOPs as in flops_per_token.
 void BM_ssd_chunked_core(benchmark::State& st) {
-    const auto cfg = layer_config(768);
+    auto cfg = layer_config(768);
+    cfg.chunk_size = st.range(1);
     const std::int64_t T = st.range(0), H = cfg.n_heads, P = cfg.head_dim, N = cfg.d_state, G = cfg.n_groups;
     const hymix::cpu_backend be(2);
     std::vector<float> x(std::size_t(T * H * P)), bc(std::size_t(2 * T * G * N)), dt(std::size_t(T * H), 0.02f), A(std::size_t(H), -1.f),
@@ -168,6 +170,6 @@ BENCHMARK(BM_mamba2_prefill)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_mamba2_decode)->ArgNames({"d", "B"})->ArgsProduct({{256, 768}, {1, 8}})->Unit(benchmark::kMicrosecond)->UseRealTime();
-BENCHMARK(BM_ssd_chunked_core)->ArgName("T")->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ssd_chunked_core)->ArgNames({"T", "chunk"})->ArgsProduct({{512, 2048}, {32, 64, 128, 256}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_ssd_step_core)->ArgName("B")->Arg(1)->Arg(8)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_linear_in_proj_calibration)->ArgName("M")->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();

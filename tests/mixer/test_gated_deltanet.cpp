@@ -464,8 +464,11 @@ TEST_CASE("bad arguments throw") {
         bad.d_k = 0;
         CHECK_THROWS_AS(bad.validate(), config_error);
         bad = c;
-        bad.chunk_size = 0;
+        bad.chunk_size = -1;
         CHECK_THROWS_AS(bad.validate(), config_error);
+        bad.chunk_size = 0;  // the backend's choice
+        CHECK_NOTHROW(bad.validate());
+        CHECK(gated_deltanet(bad, w).chunk_for(cpu_backend(1)) == ops::gated_delta_chunk_length(cpu_backend(1), c.d_k, c.d_v));
     }
     SUBCASE("weights") {
         auto bw = w;

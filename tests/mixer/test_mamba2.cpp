@@ -103,6 +103,11 @@ TEST_CASE("mamba2 layer: chunked forward and step equal the fp64 layer reference
         c.dt_limit = {0.01f, 0.05f};
         vs.push_back({"dt limits", c});
     }
+    {
+        auto c = small_config(2);
+        c.chunk_size = 0;  // the backend's chunk length (64 on the CPU: T = 100 spans two chunks)
+        vs.push_back({"chunk length of the backend", c});
+    }
     for (const auto& v : vs) {
         CAPTURE(v.name);
         auto w = mamba2_weights::random(v.cfg, 11);
@@ -576,3 +581,28 @@ TEST_CASE("mamba2 at the shared checkpoints' layer shape (d 256, 8×64 heads, N 
 
 // The shared invariants of every mixer (tests/support/mixer_harness.hpp), on every backend; G = 2 groups, chunk 16.
 HYMIX_MIXER_HARNESS("mamba2", mamba2(small_config(2), mamba2_weights::random(small_config(2), 11)))
+
+TEST_CASE("mamba2 layer: chunk_size 0 runs at the backend's chunk length, a checkpoint's 256 changes only rounding") {
+    const cpu_backend be(2);
+    auto c = small_config(2);
+    c.chunk_size = 0;
+    const auto w = mamba2_weights::random(c, 21);
+    const mamba2 autoq(c, w);
+    CHECK(autoq.chunk_for(be) == ops::ssd_chunk_length(be, c.head_dim, c.d_state));
+    CHECK(autoq.chunk_for(be) == 64);
+    c.chunk_size = 64;
+    const mamba2 q64(c, w);
+    c.chunk_size = 256;
+    const mamba2 q256(c, w);
+    const std::int64_t T = 300;
+    const auto x = uniform(std::size_t(T * c.d_model), -1.f, 1.f, 22);
+    auto s1 = autoq.make_state(1), s2 = q64.make_state(1), s3 = q256.make_state(1);
+    const auto y1 = run(autoq, be, s1, seq_batch::dense(1, T), x), y2 = run(q64, be, s2, seq_batch::dense(1, T), x),
+               y3 = run(q256, be, s3, seq_batch::dense(1, T), x);
+    CHECK(y1 == y2);
+    CHECK(ssm_of(s1, 0) == ssm_of(s2, 0));
+    CHECK(rel_error(y3, y1) < 1e-5);
+    CHECK(rel_error(ssm_of(s3, 0), ssm_of(s1, 0)) < 1e-5);
+    c.chunk_size = -1;
+    CHECK_THROWS_AS(c.validate(), config_error);
+}

@@ -50,7 +50,7 @@ struct gated_deltanet_config {
     std::int64_t d_k = 0;         // key / query head width
     std::int64_t d_v = 0;         // value head width
     std::int64_t d_conv = 4;      // K, short-conv width
-    std::int64_t chunk_size = 64; // C of the chunked prefill
+    std::int64_t chunk_size = 0;  // C of the chunked prefill; 0: the backend's choice (ops::gated_delta_chunk_length)
     float norm_eps = 1e-6f;       // gated norm eps (Qwen3.5 rms_norm_eps; fla uses 1e-5)
     float l2_eps = 1e-6f;         // inside the sqrt of the q/k L2 norm
     bool allow_neg_eigval = false;  // β = 2σ(b) instead of σ(b)
@@ -71,7 +71,9 @@ struct gated_deltanet_config {
         pos(d_k, "d_k");
         pos(d_v, "d_v");
         pos(d_conv, "d_conv");
-        pos(chunk_size, "chunk_size");
+        if (chunk_size < 0)
+            throw config_error("gated_deltanet_config: chunk_size must be > 0, or 0 for the backend's choice, found " +
+                               std::to_string(chunk_size));
         if (n_v_heads % n_k_heads != 0)
             throw config_error("gated_deltanet_config: n_v_heads (" + std::to_string(n_v_heads) +
                                ") must be a multiple of n_k_heads (" + std::to_string(n_k_heads) + ")");
@@ -264,6 +266,11 @@ public:
         s.conv = tensor<float>({n_slots, cfg_.conv_dim(), cfg_.d_conv - 1});
         return s;
     }
+    /// The chunk length the delta rule runs at on backend be: config.chunk_size, or the backend's choice when it is 0.
+    template <backend B>
+    std::int64_t chunk_for(const B& be) const {
+        return cfg_.chunk_size > 0 ? cfg_.chunk_size : ops::gated_delta_chunk_length(be, cfg_.d_k, cfg_.d_v);
+    }
 
     /// y [n_rows, d] = layer(x [n_rows, d]) for every sequence of `batch` (a seq_batch, or a validated_batch from a
     /// stack), any lengths. fp32. Throws shape_error on mismatched x / y / state / batch.
@@ -391,7 +398,7 @@ private:
             tensor_view<const float, 3> q(blk_data(0), {n, Hk, dk}, {dk, n * dk, 1});
             tensor_view<const float, 3> k(blk_data(Hk), {n, Hk, dk}, {dk, n * dk, 1});
             tensor_view<const float, 3> v(blk_data(2 * Hk), {n, Hv, dv}, {dv, n * dv, 1});
-            ops::gated_delta_chunked(be, batch, q, k, v, g, beta, scale, ssm, ov, c.chunk_size);
+            ops::gated_delta_chunked(be, batch, q, k, v, g, beta, scale, ssm, ov, chunk_for(be));
         } else {
             tensor_view<const float, 3> q(qkvc.data, {n, Hk, dk}, {CD, dk, 1});
             tensor_view<const float, 3> k(qkvc.data + KD, {n, Hk, dk}, {CD, dk, 1});
@@ -519,7 +526,7 @@ void gated_deltanet::forward_train(const B& be, const seq_batch& batch, tensor_v
     const tensor_view<float, 3> ov(tc.o.data(), {n, Hv, dv}, {dv, n * dv, 1});
     ops::gated_delta_chunked(be, tb, q, k, v, tensor_view<const float, 2>(g), tensor_view<const float, 2>(beta),
                              1.f / std::sqrt(static_cast<float>(dk)), tensor_view<float, 4>(ws.data(), {S, Hv, dk, dv}), ov,
-                             c.chunk_size);
+                             chunk_for(be));
     // 5. Gated RMSNorm (norm-then-gate per head), token-major.
     ops::gated_rms_norm(be, tensor_view<const float, 3>(ov), tensor_view<const float, 3>(z.data, {n, Hv, dv}), w_.norm_weight.data(), dv,
                         kernels::gate_order::norm_then_gate, c.norm_eps, tensor_view<float, 3>(on.data, {n, Hv, dv}));
@@ -586,7 +593,7 @@ void gated_deltanet::backward(const B& be, const seq_batch& batch, const train_c
         1.f / std::sqrt(static_cast<float>(dk)), tensor_view<const float, 4>(), tensor_view<const float, 3>(d_ov),
         tensor_view<float, 3>(dqkvc + n * blk.col(0), {n, Hk, dk}, {dk, n * dk, 1}),
         tensor_view<float, 3>(dqkvc + n * blk.col(Hk), {n, Hk, dk}, {dk, n * dk, 1}),
-        tensor_view<float, 3>(dqkvc + n * blk.col(2 * Hk), {n, Hv, dv}, {dv, n * dv, 1}), dg, dbeta, tensor_view<float, 4>(), c.chunk_size);
+        tensor_view<float, 3>(dqkvc + n * blk.col(2 * Hk), {n, Hv, dv}, {dv, n * dv, 1}), dg, dbeta, tensor_view<float, 4>(), chunk_for(be));
     // 5. Gates: da, db and the parameter gradients of dt_bias and A_log.
     ops::gdn_gates_backward(be, araw, braw, w_.dt_bias.data(), w_.A_log.data(), c.decay_floor, c.allow_neg_eigval,
                             tensor_view<const float, 2>(dg), tensor_view<const float, 2>(dbeta), da, db, gw.dt_bias.data(), gw.A_log.data());

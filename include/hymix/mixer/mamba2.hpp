@@ -51,7 +51,8 @@ struct mamba2_config {
     std::int64_t d_state = 128;        // N (state_size / d_state)
     std::int64_t n_groups = 1;         // G (n_groups / ngroups)
     std::int64_t d_conv = 4;           // K (conv_kernel / d_conv)
-    std::int64_t chunk_size = 256;     // Q: changes cost, never results
+    std::int64_t chunk_size = 0;       // Q of the chunked SSD; 0: the backend's choice (ops::ssd_chunk_length). Changes
+                                       // cost and rounding only; a checkpoint's value (256) is not used
     std::int64_t expand = 0;           // 0: unchecked; else expand · d_model must equal H · P
     std::int64_t d_ssm = 0;            // 0: = d_inner (the only supported value)
     bool conv_bias = true;             // use_conv_bias
@@ -79,7 +80,9 @@ struct mamba2_config {
         positive(d_state, "d_state");
         positive(n_groups, "n_groups");
         positive(d_conv, "d_conv");
-        positive(chunk_size, "chunk_size");
+        if (chunk_size < 0)
+            throw config_error("mamba2_config: chunk_size must be positive, or 0 for the backend's choice, found " +
+                               std::to_string(chunk_size));
         if (n_heads % n_groups != 0)
             throw config_error("mamba2_config: n_heads " + std::to_string(n_heads) + " is not a multiple of n_groups " +
                                std::to_string(n_groups));
@@ -296,6 +299,11 @@ public:
     mamba2_weights& weights_mut() noexcept { return w_; }
     /// A zeroed state with n_slots slots.
     mamba2_state make_state(std::int64_t n_slots) const { return mamba2_state(cfg_, n_slots); }
+    /// The chunk length the SSD runs at on backend be: config.chunk_size, or the backend's choice when it is 0.
+    template <backend B>
+    std::int64_t chunk_for(const B& be) const {
+        return cfg_.chunk_size > 0 ? cfg_.chunk_size : ops::ssd_chunk_length(be, cfg_.head_dim, cfg_.d_state);
+    }
 
     /// Any token counts (chunked prefill; dispatches to the step path when every sequence has one token).
     /// x [n_rows, d] fp32, y [n_rows, d] fp32 (rows outside valid sequences are zeroed). The state is read and
@@ -458,7 +466,7 @@ private:
         if (decode)
             ops::ssd_step(be, in, std::span<const kernels::ssd_sequence<float>>(seqs), ysv);
         else
-            ops::ssd_chunked(be, in, std::span<const kernels::ssd_sequence<float>>(seqs), cfg_.chunk_size, ysv);
+            ops::ssd_chunked(be, in, std::span<const kernels::ssd_sequence<float>>(seqs), chunk_for(be), ysv);
 
         // 5. gated RMSNorm (gate then norm, per group), in place on ys.
         const std::int64_t gs = cfg_.group_size(), ng = di / gs;
@@ -543,7 +551,7 @@ public:
         const auto in = ssd_inputs_of(tc, A.data());
         std::vector<kernels::ssd_sequence<float>> seqs;
         for (std::size_t i = 0; i < tc.starts.size(); ++i) seqs.push_back({tc.packed[i], tc.lengths[i], nullptr});
-        ops::ssd_chunked(be, in, std::span<const kernels::ssd_sequence<float>>(seqs), cfg_.chunk_size,
+        ops::ssd_chunked(be, in, std::span<const kernels::ssd_sequence<float>>(seqs), chunk_for(be),
                          tensor_view<float, 3>(tc.y.data(), {Rp, H, cfg_.head_dim}));
         float* yn = ws.take(std::size_t(Rp * di));
         gated_norm(be, tc, yn);
@@ -618,7 +626,7 @@ public:
         sg.dD = g.D.data();
         std::vector<kernels::ssd_backward_sequence<float>> seqs;
         for (std::size_t i = 0; i < tc.starts.size(); ++i) seqs.push_back({tc.packed[i], tc.lengths[i], nullptr, nullptr, nullptr});
-        ops::ssd_chunked_backward(be, in, std::span<const kernels::ssd_backward_sequence<float>>(seqs), cfg_.chunk_size,
+        ops::ssd_chunked_backward(be, in, std::span<const kernels::ssd_backward_sequence<float>>(seqs), chunk_for(be),
                                   tensor_view<const float, 3>(dyn, {Rp, H, P}), sg);
         for (std::int64_t h = 0; h < H; ++h) g.A_log[h] += dA[static_cast<std::size_t>(h)] * A[static_cast<std::size_t>(h)];
         // Δ = clamp(softplus(dt + dt_bias), lo, hi): the dt columns of dzx, dt_bias

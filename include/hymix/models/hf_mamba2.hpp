@@ -45,7 +45,9 @@ inline hf_mamba2_config read_hf_mamba2_config(const io::json& top, const std::st
     m.d_state = j.positive("state_size", 128);
     m.n_groups = j.positive("n_groups", 8);
     m.d_conv = j.positive("conv_kernel", 4);
-    m.chunk_size = j.positive("chunk_size", 256);
+    // The checkpoint's chunk_size (256) set the reference kernels' cost; it changes only the rounding here, so the
+    // backend runs at its own chunk length (mamba2_config::chunk_size 0). The key is still checked when present.
+    if (j.has("chunk_size")) (void)j.positive("chunk_size");
     m.expand = j.positive("expand", 2);
     m.conv_bias = j.get<bool>("use_conv_bias", true);
     m.proj_bias = j.get<bool>("use_bias", false);

@@ -14,6 +14,17 @@ namespace hymix {
 namespace ops {
 
 struct gated_delta_chunked_op {};
+struct gated_delta_chunk_length_op {};
+
+/// The chunk length the backend runs the chunked gated delta rule at for heads of d_k × d_v (its own tuning; the
+/// chunk changes only the rounding). A backend without a choice of its own gets 64.
+template <backend B>
+std::int64_t gated_delta_chunk_length(const B& be, std::int64_t d_k, std::int64_t d_v) {
+    if constexpr (implements_op<gated_delta_chunk_length_op, B>)
+        return dispatch<gated_delta_chunk_length_op>(be, d_k, d_v);
+    else
+        return 64;
+}
 struct gated_delta_step_op {};
 struct gdn_gates_op {};
 
@@ -51,6 +62,11 @@ struct op_impl<ops::gated_delta_chunked_op, basic_cpu_backend<Arch>> {
                     std::int64_t chunk) {
         kernels::gated_delta_rule_chunked(be, batch, q, k, v, g, beta, scale, state, o, chunk);
     }
+};
+/// CPU: 64 (bench_gated_deltanet's BM_gdn_chunked_core, d_k = d_v = 128: 32 and 64 within noise, 128 1.3× slower).
+template <class Arch>
+struct op_impl<ops::gated_delta_chunk_length_op, basic_cpu_backend<Arch>> {
+    static std::int64_t run(const basic_cpu_backend<Arch>&, std::int64_t, std::int64_t) { return 64; }
 };
 template <class Arch>
 struct op_impl<ops::gated_delta_step_op, basic_cpu_backend<Arch>> {

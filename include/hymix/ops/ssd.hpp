@@ -18,6 +18,17 @@ namespace ops {
 struct ssd_chunked_op {};
 struct ssd_step_op {};
 struct ssd_delta_op {};
+struct ssd_chunk_length_op {};
+
+/// The chunk length Q the backend runs the chunked SSD at for heads of head_dim P and d_state N (its own tuning,
+/// not a checkpoint's chunk_size: Q changes only the rounding). A backend without a choice of its own gets 64.
+template <backend B>
+std::int64_t ssd_chunk_length(const B& be, std::int64_t head_dim, std::int64_t d_state) {
+    if constexpr (implements_op<ssd_chunk_length_op, B>)
+        return dispatch<ssd_chunk_length_op>(be, head_dim, d_state);
+    else
+        return 64;
+}
 
 /// Chunked SSD prefill: y [R, H, P] for the rows of every sequence (other rows untouched); states in place.
 template <backend B>
@@ -47,6 +58,13 @@ struct op_impl<ops::ssd_chunked_op, basic_cpu_backend<Arch>> {
                     std::span<const kernels::ssd_sequence<float>> seqs, std::int64_t chunk, tensor_view<float, 3> y) {
         kernels::ssd_chunked(be, in, seqs, chunk, y);
     }
+};
+/// CPU: 64 (measured in bench_mamba2's BM_ssd_chunked_core for the 130M/780M head layout, P 64, N 128: Q 64 and 128
+/// within 5% of each other, 256 — the checkpoints' value — 1.3× slower, 32 no faster; smaller Q also keeps the C·Bᵀ
+/// blocks and the per-chunk scratch in L1/L2).
+template <class Arch>
+struct op_impl<ops::ssd_chunk_length_op, basic_cpu_backend<Arch>> {
+    static std::int64_t run(const basic_cpu_backend<Arch>&, std::int64_t, std::int64_t) { return 64; }
 };
 template <class Arch>
 struct op_impl<ops::ssd_step_op, basic_cpu_backend<Arch>> {

@@ -138,8 +138,41 @@ void BM_attn_decode_kernel(benchmark::State& st) {
     hymix::bench::report(st, Bd, Bd * 4.0 * static_cast<double>(H * dh * ctx), kv_bytes, be.num_threads());
 }
 
+// Args: query heads H, KV heads H_kv, head_dim, queries Tq, keys Tk. The tiled prefill kernel alone
+// (kernels::attention_prefill) for one sequence whose Tq queries are the last of its Tk keys: llama.cpp's
+// test-backend-ops flash-attention prefill case (hd 128, 32 / 8 heads, q 512, kv 8192). FLOPs: QKᵀ and P·V over the
+// visible keys, 4·d_h per (query, head, key).
+void BM_attn_prefill_kernel(benchmark::State& st) {
+    const std::int64_t H = st.range(0), Hkv = st.range(1), dh = st.range(2), Tq = st.range(3), Tk = st.range(4);
+    hymix::cpu_backend be;
+    hymix::tensor<float> q({Tq, H, dh}), k({Tk, Hkv, dh}), v({Tk, Hkv, dh}), o({Tq, H, dh});
+    std::uint32_t r = 4242;
+    for (auto* t : {&q, &k, &v})
+        for (auto& x : t->span()) {
+            r = r * 1664525u + 1013904223u;
+            x = static_cast<float>(r >> 8) * (1.f / 16777216.f) - 0.5f;
+        }
+    hymix::kernels::attention_problem<float> p;
+    p.q = q.view<3>();
+    p.k = k.view<3>();
+    p.v = v.view<3>();
+    p.o = o.view<3>();
+    for (auto _ : st) {
+        hymix::kernels::attention_prefill(be, std::span<const hymix::kernels::attention_problem<float>>(&p, 1), {});
+        benchmark::DoNotOptimize(o.data());
+    }
+    double visible = 0;  // Σ over queries of the keys each sees (bottom-right causal)
+    for (std::int64_t i = 0; i < Tq; ++i) visible += static_cast<double>(Tk - Tq + i + 1);
+    const double bytes = 4.0 * static_cast<double>(2 * Tq * H * dh + 2 * Tk * Hkv * dh);
+    hymix::bench::report(st, static_cast<double>(Tq), 4.0 * static_cast<double>(H * dh) * visible, bytes, be.num_threads());
+}
+
 }  // namespace
 
+BENCHMARK(BM_attn_prefill_kernel)
+    ->ArgNames({"H", "H_kv", "d_h", "Tq", "Tk"})
+    ->Args({32, 8, 128, 512, 8192})
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_attn_decode_kernel)
     ->ArgNames({"H", "H_kv", "d_h", "ctx", "B"})
     ->Args({32, 8, 128, 32768, 1})->Args({32, 8, 128, 4096, 1})->Args({32, 8, 128, 1024, 1})->Args({12, 12, 64, 32768, 1})->Args({8, 2, 256, 32768, 1})

@@ -22,6 +22,7 @@
 #include "hymix/core/error.hpp"
 #include "hymix/core/tensor.hpp"
 #include "hymix/kernels/chunk_layout.hpp"
+#include "hymix/kernels/lane_sum.hpp"
 #include "hymix/kernels/view_checks.hpp"
 
 namespace hymix::kernels {
@@ -668,6 +669,32 @@ void ssd_step_head(const ssd_inputs<float>& in, const ssd_sequence<float>& seq, 
     float* yt = &y(t, h, 0);
     const Bf vdA(dA);
     std::int64_t p = 0;
+    // d_state of 4 to 8 SIMD widths (128 with AVX-512, 64 with AVX2: the real models'): B_t and C_t stay in registers
+    // for all rows, so a row costs only the loads and stores of its own state. Same arithmetic as the loop below
+    // (vector v of a row goes to chain v mod 4).
+    if (Nv == N && N >= 4 * W && N <= 8 * W) {
+        with_constant<8>(static_cast<int>(N / W), [&](auto nv) {
+            constexpr int NV = decltype(nv)::value;
+            if constexpr (NV >= 4) {
+                Bf bv[NV], cv[NV];
+                static_for<NV>([&](auto v) {
+                    bv[v] = Bf::load_unaligned(Bt + v * W);
+                    cv[v] = Bf::load_unaligned(Ct + v * W);
+                });
+                for (; p < P; ++p) {
+                    float* sp = S + p * N;
+                    const Bf vdx(delta * xt[p]);
+                    Bf acc[4] = {Bf(0.0f), Bf(0.0f), Bf(0.0f), Bf(0.0f)};
+                    static_for<NV>([&](auto v) {
+                        const Bf sv = xsimd::fma(Bf::load_unaligned(sp + v * W), vdA, vdx * bv[v]);
+                        sv.store_unaligned(sp + v * W);
+                        acc[v % 4] = xsimd::fma(sv, cv[v], acc[v % 4]);
+                    });
+                    yt[p] = xsimd::hadd((acc[0] + acc[1]) + (acc[2] + acc[3])) + skip_coef(in, h, p) * xt[p];
+                }
+            }
+        });
+    }
     if (Nv == N && Nv >= 4 * W)  // rows in memory order, 4 accumulator chains per row (not 1 latency-bound chain)
         for (; p < P; ++p) {
             float* sp = S + p * N;

@@ -96,11 +96,12 @@ void BM_gdn_decode(benchmark::State& st) {
     hymix::bench::report(st, static_cast<double>(B), static_cast<double>(B) * (proj_flops(c) + core), bytes, be.num_threads());
 }
 
-/// The gated delta rule core alone (130M-class heads: 6 key heads, 12 value heads, d_k = d_v = 128, chunk 64), one
-/// sequence of T tokens; FLOPs counted as in BM_gdn_prefill's core term.
+/// The gated delta rule core alone (130M-class heads: 6 key heads, 12 value heads, d_k = d_v = 128, or `heads` of
+/// each; chunk length `chunk`), one sequence of T tokens; FLOPs counted as in BM_gdn_prefill's core term.
 void BM_gdn_chunked_core(benchmark::State& st) {
     auto c = layer_config(1);
     c.chunk_size = st.range(1);
+    if (st.range(2) > 0) c.n_k_heads = c.n_v_heads = st.range(2);  // llama.cpp's case: 16 heads of 128
     const std::int64_t T = st.range(0), Hk = c.n_k_heads, Hv = c.n_v_heads, dk = c.d_k, dv = c.d_v;
     hymix::cpu_backend be(2);
     auto q = hymix::bench::random_vec(static_cast<std::size_t>(T * Hk * dk), 6), k = hymix::bench::random_vec(q.size(), 7);
@@ -132,7 +133,8 @@ void BM_gdn_chunked_core(benchmark::State& st) {
 
 /// The gated delta rule decode step alone (same heads), B sequences of one token: 6 d_k·d_v FLOPs per value head.
 void BM_gdn_step_core(benchmark::State& st) {
-    const auto c = layer_config(1);
+    auto c = layer_config(1);
+    if (st.range(1) > 0) c.n_k_heads = c.n_v_heads = st.range(1);
     const std::int64_t B = st.range(0), Hk = c.n_k_heads, Hv = c.n_v_heads, dk = c.d_k, dv = c.d_v;
     hymix::cpu_backend be(2);
     const auto q = hymix::bench::random_vec(static_cast<std::size_t>(B * Hk * dk), 10), k = hymix::bench::random_vec(q.size(), 11),
@@ -162,5 +164,5 @@ BENCHMARK(BM_gdn_prefill)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_gdn_decode)->ArgNames({"layer", "B"})->ArgsProduct({{0, 1}, {1, 8}})->Unit(benchmark::kMicrosecond)->UseRealTime();
-BENCHMARK(BM_gdn_chunked_core)->ArgNames({"T", "chunk"})->ArgsProduct({{512, 2048}, {32, 64, 128}})->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_gdn_step_core)->ArgName("B")->Arg(1)->Arg(8)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_gdn_chunked_core)->ArgNames({"T", "chunk", "heads"})->ArgsProduct({{512, 2048}, {32, 64, 128}, {0}})->Args({512, 64, 16})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_gdn_step_core)->ArgNames({"B", "heads"})->Args({1, 0})->Args({8, 0})->Args({1, 16})->Unit(benchmark::kMicrosecond)->UseRealTime();

@@ -27,7 +27,6 @@ train::byte_lm_spec tiny_spec() {
     s.vocab_size = 40;
     s.head_dim = 16;
     s.d_state = 8;
-    s.chunk_size = 8;
     return s;
 }
 models::amor_config tiny_amor(bool always = false) {

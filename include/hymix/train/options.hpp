@@ -24,7 +24,8 @@ struct byte_lm_spec {
     std::int64_t head_dim = 64;      ///< Mamba-2 P, GDN d_k = d_v, attention d_h
     std::int64_t d_state = 64;       ///< Mamba-2 N
     std::int64_t n_groups = 1;       ///< Mamba-2 G
-    std::int64_t chunk_size = 64;    ///< Mamba-2 chunk (the GDN chunk is the kernel's)
+    std::int64_t chunk_size = 64;    ///< config.json's Mamba-2 chunk_size, for other readers (transformers); hymix's
+                                     ///< layers run at the backend's chunk length (it changes only the rounding)
     std::int64_t linear_heads = 4;   ///< GDN key = value heads; Oryx heads (both read-outs)
     std::int64_t attn_heads = 4;     ///< attention query heads
     std::int64_t attn_kv_heads = 2;  ///< attention KV heads (GQA)

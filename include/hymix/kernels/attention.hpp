@@ -348,6 +348,14 @@ void attention_tile(const attention_problem<float>& p, std::int64_t h, std::int6
     }
 }
 
+/// Keys per block of the decode kernel (decode_group's score buffer holds g · decode_block floats).
+inline constexpr std::int64_t decode_block = 512;
+
+/// Prefetches the n floats from p into the cache (one request per 64-byte line).
+inline void prefetch_floats(const float* p, std::int64_t n) {
+    for (std::int64_t c = 0; c < n; c += 16) __builtin_prefetch(p + c, 0, 3);
+}
+
 /// Register tiles of the decode kernel: `tile` accumulators (16 with 32 vector registers, 8 with 16), split between
 /// query heads and keys (scores) or query heads and d_h vectors (P·V). heads(g): the query heads per tile, the largest
 /// of 4, 2, 1 that divides the group size g.
@@ -361,7 +369,7 @@ struct decode_tiles {
 /// accumulator per (head, key) fed by each loaded key vector HC times; the sums of all HC·KC accumulators at once
 /// (lane_tree_sum16 with AVX-512). A key's score is the same bits in any tile shape.
 template <class Arch, int HC, int KC>
-inline void score_tile(const float* const* q, const float* k, std::int64_t ks, std::int64_t dh, float scale, float* s,
+inline void score_tile(const float* q, std::int64_t qs, const float* k, std::int64_t ks, std::int64_t dh, float scale, float* s,
                        std::int64_t ld) {
     using V = xsimd::batch<float, Arch>;
     constexpr std::int64_t W = static_cast<std::int64_t>(V::size);
@@ -371,7 +379,7 @@ inline void score_tile(const float* const* q, const float* k, std::int64_t ks, s
         V kv[KC];
         static_for<KC>([&](auto j) { kv[j] = V::load_unaligned(k + j * ks + d); });
         static_for<HC>([&](auto h) {
-            const V qv = V::load_unaligned(q[h] + d);
+            const V qv = V::load_unaligned(q + h * qs + d);
             static_for<KC>([&](auto j) { acc[h * KC + j] = xsimd::fma(qv, kv[j], acc[h * KC + j]); });
         });
     }
@@ -386,21 +394,20 @@ inline void score_tile(const float* const* q, const float* k, std::int64_t ks, s
     static_for<HC * KC>([&](auto i) { s[(i / KC) * ld + i % KC] = lane_tree_sum<Arch>(acc[i]) * scale; });
 }
 
-/// o_h[c0 …] ← α_h · o_h[c0 …] + Σ_j p[h·ld + j] · v_j[c0 …] for HC heads and VC SIMD vectors of d_h from column c0,
-/// over n keys: the HC·VC sums stay in registers for the whole key block, each loaded value vector feeding HC of them.
-/// With `pf`, row j of [pf, pf + pn·pfs) (the next block's keys, each `row_bytes` long) is prefetched while key j is
-/// summed, so the memory reads of the next block overlap this block's arithmetic.
+/// o_h[c0 …] ← α_h · o_h[c0 …] + Σ_j p[h·ld + j] · v_j[c0 …] for HC heads (rows o + h·os) and VC SIMD vectors of d_h
+/// from column c0, over n keys: the HC·VC sums stay in registers for the whole key block, each loaded value vector
+/// feeding HC of them. With `pf`, row j of [pf, pf + pn·pfs) (the next block's keys, row_floats each) is prefetched
+/// while key j is summed, so the memory reads of the next block overlap this block's arithmetic.
 template <class Arch, int HC, int VC>
 inline void pv_tile(const float* p, std::int64_t ld, const float* v, std::int64_t vs, std::int64_t n, std::int64_t c0,
-                    float* const* o, const float* alpha, const float* pf = nullptr, std::int64_t pfs = 0, std::int64_t pn = 0,
-                    std::int64_t row_floats = 0) {
+                    float* o, std::int64_t os, const float* alpha, const float* pf = nullptr, std::int64_t pfs = 0,
+                    std::int64_t pn = 0, std::int64_t row_floats = 0) {
     using V = xsimd::batch<float, Arch>;
     constexpr std::int64_t W = static_cast<std::int64_t>(V::size);
     V acc[HC * VC];
     static_for<HC * VC>([&](auto i) { acc[i] = V(0.f); });
     for (std::int64_t j = 0; j < n; ++j) {
-        if (j < pn)
-            for (std::int64_t c = 0; c < row_floats; c += 16) __builtin_prefetch(pf + j * pfs + c, 0, 3);
+        if (j < pn) prefetch_floats(pf + j * pfs, row_floats);
         V vv[VC];
         static_for<VC>([&](auto c) { vv[c] = V::load_unaligned(v + j * vs + c0 + c * W); });
         static_for<HC>([&](auto h) {
@@ -411,7 +418,7 @@ inline void pv_tile(const float* p, std::int64_t ld, const float* v, std::int64_
     static_for<HC>([&](auto h) {
         const V a(alpha[h]);
         static_for<VC>([&](auto c) {
-            float* oc = o[h] + c0 + c * W;
+            float* oc = o + h * os + c0 + c * W;
             xsimd::fma(V::load_unaligned(oc), a, acc[h * VC + c]).store_unaligned(oc);
         });
     });
@@ -420,15 +427,15 @@ inline void pv_tile(const float* p, std::int64_t ld, const float* v, std::int64_
 /// The g = H/H_kv query heads of KV head hk over keys [j0, j1): partial rows [g, 2 + d_h] = (m, l, unnormalised o)
 /// each. Keys go in blocks of 512; per block, one pass over K for the scores of all heads of the group (register
 /// tiles of heads × keys) and one over V for their outputs (tiles of heads × d_h vectors, accumulated in registers
-/// over the block), so K and V are read from memory once per group. sbuf holds g · 512 floats. d_h not a multiple of
-/// the SIMD width takes a plain path with the same maths.
+/// over the block), so K and V are read from memory once per group. sbuf holds g · decode_block floats, alpha g.
+/// d_h not a multiple of the SIMD width takes a plain path with the same maths.
 template <class Arch>
 void decode_group(const attention_problem<float>& p, std::int64_t hk, std::int64_t j0, std::int64_t j1, float scale,
-                  float* rows, std::int64_t pw, float* sbuf) {
+                  float* rows, std::int64_t pw, float* sbuf, float* alpha) {
     constexpr std::int64_t W = static_cast<std::int64_t>(xsimd::batch<float, Arch>::size);
     constexpr int tile = decode_tiles<Arch>::tile;
     const std::int64_t dh = p.q.dim(2), g = p.q.dim(1) / p.k.dim(1);
-    constexpr std::int64_t blk = 512, key_ahead = 32;
+    constexpr std::int64_t blk = decode_block, key_ahead = 32;
     const float ninf = -std::numeric_limits<float>::infinity();
     for (std::int64_t r = 0; r < g; ++r) {
         rows[r * pw] = ninf;
@@ -438,13 +445,8 @@ void decode_group(const attention_problem<float>& p, std::int64_t hk, std::int64
     const std::int64_t ks = p.k.strides[0], vs = p.v.strides[0];
     const bool tiled = dh % W == 0;
     const int hc = decode_tiles<Arch>::heads(g);
-    std::vector<const float*> qh(static_cast<std::size_t>(g));
-    std::vector<float*> oh(static_cast<std::size_t>(g));
-    std::vector<float> alpha(static_cast<std::size_t>(g));
-    for (std::int64_t r = 0; r < g; ++r) {
-        qh[static_cast<std::size_t>(r)] = &p.q(0, hk * g + r, 0);
-        oh[static_cast<std::size_t>(r)] = rows + r * pw + 2;
-    }
+    const float* q0 = &p.q(0, hk * g, 0);  // head r of the group at q0 + r·qs, its output row at rows + r·pw + 2
+    const std::int64_t qs = p.q.strides[1];
     for (std::int64_t b0 = j0; b0 < j1; b0 += blk) {
         const std::int64_t n = std::min(blk, j1 - b0);
         const float* kb = &p.k(b0, hk, 0);
@@ -456,21 +458,20 @@ void decode_group(const attention_problem<float>& p, std::int64_t hk, std::int64
                 for (std::int64_t r = 0; r < g; r += HC) {
                     std::int64_t j = 0;
                     for (; j + KC <= n; j += KC) {
-                        if (r == 0)  // start bringing the same keys' values in while their scores are computed
-                            for (std::int64_t jj = j; jj < j + KC; ++jj) {
-                                for (std::int64_t c = 0; c < dh; c += 16) __builtin_prefetch(vb + jj * vs + c, 0, 3);
-                                // The first block's keys were not prefetched by a previous block: run ahead of them.
-                                if (b0 == j0 && jj + key_ahead < n)
-                                    for (std::int64_t c = 0; c < dh; c += 16) __builtin_prefetch(kb + (jj + key_ahead) * ks + c, 0, 3);
-                            }
-                        score_tile<Arch, HC, KC>(qh.data() + r, kb + j * ks, ks, dh, scale, sbuf + r * blk + j, blk);
+                        // Bring the same keys' values in while their scores are computed; in the first block (not
+                        // prefetched by a previous one) also run ahead of its keys.
+                        for (std::int64_t jj = j; r == 0 && jj < j + KC; ++jj) {
+                            prefetch_floats(vb + jj * vs, dh);
+                            if (b0 == j0 && jj + key_ahead < n) prefetch_floats(kb + (jj + key_ahead) * ks, dh);
+                        }
+                        score_tile<Arch, HC, KC>(q0 + r * qs, qs, kb + j * ks, ks, dh, scale, sbuf + r * blk + j, blk);
                     }
-                    for (; j < n; ++j) score_tile<Arch, HC, 1>(qh.data() + r, kb + j * ks, ks, dh, scale, sbuf + r * blk + j, blk);
+                    for (; j < n; ++j) score_tile<Arch, HC, 1>(q0 + r * qs, qs, kb + j * ks, ks, dh, scale, sbuf + r * blk + j, blk);
                 }
             });
         } else {
             for (std::int64_t r = 0; r < g; ++r)
-                for (std::int64_t j = 0; j < n; ++j) sbuf[r * blk + j] = scale * dot<Arch>(qh[static_cast<std::size_t>(r)], kb + j * ks, dh);
+                for (std::int64_t j = 0; j < n; ++j) sbuf[r * blk + j] = scale * dot<Arch>(q0 + r * qs, kb + j * ks, dh);
         }
         // 2. Online softmax per head: new running max, weights exp(s − max), the rescale α of what came before.
         for (std::int64_t r = 0; r < g; ++r) {
@@ -485,7 +486,7 @@ void decode_group(const attention_problem<float>& p, std::int64_t hk, std::int64
             const float sum = exp_scaled_sum<Arch>(sr, n, 1.f, ref);
             row[1] = row[1] * a + sum;
             row[0] = m_new;
-            alpha[static_cast<std::size_t>(r)] = a;
+            alpha[r] = a;
         }
         // 3. o_r ← α_r o_r + Σ_j p[r, j] v_j.
         if (tiled) {
@@ -497,18 +498,19 @@ void decode_group(const attention_problem<float>& p, std::int64_t hk, std::int64
                 for (std::int64_t r = 0; r < g; r += HC) {
                     std::int64_t c = 0;
                     for (; c + VC <= nv; c += VC)
-                        pv_tile<Arch, HC, VC>(sbuf + r * blk, blk, vb, vs, n, c * W, oh.data() + r, alpha.data() + r,
+                        pv_tile<Arch, HC, VC>(sbuf + r * blk, blk, vb, vs, n, c * W, rows + r * pw + 2, pw, alpha + r,
                                               kb + n * ks, ks, r == 0 && c == 0 ? nn : 0, dh);
                     if (c < nv)
                         with_constant<VC>(static_cast<int>(nv - c), [&](auto RC) {
-                            pv_tile<Arch, HC, decltype(RC)::value>(sbuf + r * blk, blk, vb, vs, n, c * W, oh.data() + r, alpha.data() + r);
+                            pv_tile<Arch, HC, decltype(RC)::value>(sbuf + r * blk, blk, vb, vs, n, c * W, rows + r * pw + 2, pw,
+                                                                   alpha + r);
                         });
                 }
             });
         } else {
             for (std::int64_t r = 0; r < g; ++r) {
-                float* o_acc = oh[static_cast<std::size_t>(r)];
-                const float a = alpha[static_cast<std::size_t>(r)];
+                float* o_acc = rows + r * pw + 2;
+                const float a = alpha[r];
                 if (a != 1.f)
                     for (std::int64_t c = 0; c < dh; ++c) o_acc[c] *= a;
                 for (std::int64_t j = 0; j < n; ++j) axpy<Arch>(o_acc, sbuf[r * blk + j], vb + j * vs, dh);
@@ -612,12 +614,13 @@ void attention_decode(const Backend& be, std::span<const attention_problem<float
     float* P = part.data();
     be.parallel_for(static_cast<std::int64_t>(items.size()), 1, [&](std::int64_t b, std::int64_t e) {
         auto& sc = detail::attention_scratch::get();
-        detail::grow(sc.s, static_cast<std::size_t>(512 * g_max));
+        detail::grow(sc.s, static_cast<std::size_t>(detail::decode_block * g_max));
+        detail::grow(sc.m, static_cast<std::size_t>(g_max));
         for (std::int64_t it = b; it < e; ++it) {
             const auto& w = items[static_cast<std::size_t>(it)];
             const auto& p = problems[static_cast<std::size_t>(w.p)];
             const auto scale = static_cast<float>(detail::attention_scale(prm, p.q.dim(2)));
-            detail::decode_group<Arch>(p, w.hk, w.j0, w.j1, scale, P + w.slot * pw, pw, sc.s.data());
+            detail::decode_group<Arch>(p, w.hk, w.j0, w.j1, scale, P + w.slot * pw, pw, sc.s.data(), sc.m.data());
         }
     });
     // Merge the splits of each (problem, head) through their LSE.

@@ -781,12 +781,26 @@ void gated_delta_step_head(float* S,  // [d_k, d_v]
     }
 }
 
+/// The decode step of value head hv for the token at row t (key head hk): q scaled into scratch, then
+/// gated_delta_step_head on the state S [d_k, d_v]. scratch: 2·d_v + d_k floats. Shared by gated_delta_rule_step and
+/// the one-token sequences of gated_delta_rule_chunked, so both give the same bits.
+template <class Arch>
+void gated_delta_step_token(tensor_view<const float, 3> q, tensor_view<const float, 3> k, tensor_view<const float, 3> v,
+                            tensor_view<const float, 2> g, tensor_view<const float, 2> beta, float scale, float* S,
+                            tensor_view<float, 3> o, std::int64_t t, std::int64_t hk, std::int64_t hv, float* scratch) {
+    const std::int64_t dk = q.dim(2), dv = v.dim(2);
+    float* qs = scratch + 2 * dv;
+    for (std::int64_t a = 0; a < dk; ++a) qs[a] = scale * q(t, hk, a);
+    gated_delta_step_head<Arch>(S, qs, &k(t, hk, 0), &v(t, hv, 0), g(t, hv), beta(t, hv), dk, dv, scratch, scratch + dv,
+                                &o(t, hv, 0));
+}
+
 }  // namespace detail
 
 /// Chunked prefill (spec.md §4.3) in fp32: the composition of the five stages above, with the same maths and arguments
 /// as gated_delta_rule_ref, in chunks of `chunk` tokens per sequence (the last chunk shorter), parallel over (sequence,
 /// value head). The state is read and written in place per slot; sequences with slot −1 touch nothing and their rows of
-/// o are zero. A one-token sequence takes the decode step's arithmetic (detail::gated_delta_step_head), so its result
+/// o are zero. A one-token sequence takes the decode step's arithmetic (detail::gated_delta_step_token), so its result
 /// is the same bits here and in gated_delta_rule_step, whatever else shares the call (batch invariance, spec.md §0).
 /// Throws shape_error / config_error like the reference, value_error on a positive g, and config_error when chunk < 1.
 template <cpu_backend_type Backend>
@@ -814,12 +828,9 @@ void gated_delta_rule_chunked(const Backend& be, const seq_batch& batch,
             const std::int64_t hk = hv / r;
             float* S = &state(batch.slots[static_cast<std::size_t>(s)], hv, 0, 0);
             if (batch.lengths[static_cast<std::size_t>(s)] == 1) {  // the decode step's arithmetic (batch invariance)
-                const std::int64_t t = batch.starts[static_cast<std::size_t>(s)];
                 one.resize(static_cast<std::size_t>(2 * dv + dk));
-                float* qs = one.data() + 2 * dv;
-                for (std::int64_t a = 0; a < dk; ++a) qs[a] = scale * q(t, hk, a);
-                detail::gated_delta_step_head<typename Backend::arch>(S, qs, &k(t, hk, 0), &v(t, hv, 0), g(t, hv), beta(t, hv),
-                                                                      dk, dv, one.data(), one.data() + dv, &o(t, hv, 0));
+                detail::gated_delta_step_token<typename Backend::arch>(q, k, v, g, beta, scale, S, o,
+                                                                       batch.starts[static_cast<std::size_t>(s)], hk, hv, one.data());
                 continue;
             }
             for (std::int64_t c = chunks.first_chunk(s); c < chunks.first_chunk(s + 1); ++c) {
@@ -863,14 +874,10 @@ void gated_delta_rule_step(const Backend& be, const seq_batch& batch,
     detail::zero_uncovered_rows(batch, o);
     detail::for_each_seq_head(be, batch, Hv, [&](std::int64_t b, std::int64_t e, auto item) {
         std::vector<float> scratch(static_cast<std::size_t>(2 * dv + dk));
-        float* qs = scratch.data() + 2 * dv;
         for (std::int64_t i = b; i < e; ++i) {
             const auto [s, j] = item(i);
-            const std::int64_t t = batch.starts[s], hk = j / r;
-            for (std::int64_t a = 0; a < dk; ++a) qs[a] = scale * q(t, hk, a);
-            detail::gated_delta_step_head<typename Backend::arch>(&state(batch.slots[s], j, 0, 0), qs, &k(t, hk, 0),
-                                                                  &v(t, j, 0), g(t, j), beta(t, j), dk, dv, scratch.data(),
-                                                                  scratch.data() + dv, &o(t, j, 0));
+            detail::gated_delta_step_token<typename Backend::arch>(q, k, v, g, beta, scale, &state(batch.slots[s], j, 0, 0), o,
+                                                                   batch.starts[s], j / r, j, scratch.data());
         }
     });
 }

@@ -18,6 +18,18 @@ namespace hymix {
 template <class B, class T, std::size_t R>
 using view_of = tensor_view<T, R, typename B::memory_space>;
 
+namespace ops {
+/// A tuning query: backend B's answer to query op `Op` (an op_impl whose run returns the value), or `fallback` when B
+/// does not implement it (a new backend need not tune everything at once).
+template <class Op, backend B, class... Args>
+std::int64_t tuning_query(const B& be, std::int64_t fallback, Args... args) {
+    if constexpr (implements_op<Op, B>)
+        return dispatch<Op>(be, args...);
+    else
+        return fallback;
+}
+}  // namespace ops
+
 namespace detail {
 
 /// Contiguous fp64 copy of a host view (any strides), with the view over it.

@@ -14,19 +14,16 @@ namespace hymix {
 namespace ops {
 
 struct gated_delta_chunked_op {};
+struct gated_delta_step_op {};
+struct gdn_gates_op {};
 struct gated_delta_chunk_length_op {};
 
 /// The chunk length the backend runs the chunked gated delta rule at for heads of d_k × d_v (its own tuning; the
 /// chunk changes only the rounding). A backend without a choice of its own gets 64.
 template <backend B>
 std::int64_t gated_delta_chunk_length(const B& be, std::int64_t d_k, std::int64_t d_v) {
-    if constexpr (implements_op<gated_delta_chunk_length_op, B>)
-        return dispatch<gated_delta_chunk_length_op>(be, d_k, d_v);
-    else
-        return 64;
+    return tuning_query<gated_delta_chunk_length_op>(be, 64, d_k, d_v);
 }
-struct gated_delta_step_op {};
-struct gdn_gates_op {};
 
 /// Chunked prefill. q, k [n, H_k, d_k], v [n, H_v, d_v], g, beta [n, H_v], state [S, H_v, d_k, d_v] (in/out per
 /// slot), o [n, H_v, d_v]; rows outside valid sequences of o are zero.

@@ -24,10 +24,7 @@ struct ssd_chunk_length_op {};
 /// not a checkpoint's chunk_size: Q changes only the rounding). A backend without a choice of its own gets 64.
 template <backend B>
 std::int64_t ssd_chunk_length(const B& be, std::int64_t head_dim, std::int64_t d_state) {
-    if constexpr (implements_op<ssd_chunk_length_op, B>)
-        return dispatch<ssd_chunk_length_op>(be, head_dim, d_state);
-    else
-        return 64;
+    return tuning_query<ssd_chunk_length_op>(be, 64, head_dim, d_state);
 }
 
 /// Chunked SSD prefill: y [R, H, P] for the rows of every sequence (other rows untouched); states in place.

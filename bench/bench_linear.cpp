@@ -1,4 +1,4 @@
-// kernels::linear (y[M, N] = x[M, K] · W[N, K]ᵀ) against one plain Eigen product, for decode (M = 1, 8) and
+// kernels::linear (y[M, N] = x[M, K] · W[N, K]ᵀ; W in f32, bf16 or f16) against one plain Eigen product, for decode (M = 1, 8) and
 // prefill (M = 512, 2048) at N = K = 768 and 2048, on 1 and 2 threads. Weights rotate through a 1 GiB pool so
 // every call reads them from DRAM, as in a model whose layers do not fit in cache. Report: GFLOP/s and the
 // fraction of the FMA peak; for M ≤ 8, GB/s of weights and the fraction of the DRAM read peak (bench/peak.hpp, measured in the same run).
@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <Eigen/Core>
@@ -35,22 +36,43 @@ const hymix::tensor<float>& weight_pool() {
     return pool;
 }
 
-/// Cycles through disjoint [N, K] weight matrices of the pool (64-byte aligned starts).
+/// The pool's first half (512 MiB of bf16 or f16: 2^28 weights) rounded to a 16-bit type.
+template <class T>
+const hymix::tensor<T>& weight_pool16() {
+    static const hymix::tensor<T> pool = [] {
+        hymix::tensor<T> t{weight_pool().numel()};
+        for (std::int64_t i = 0; i < t.numel(); ++i) t[i] = T::from_float(weight_pool()[i]);
+        return t;
+    }();
+    return pool;
+}
+
+template <class T>
+const hymix::tensor<T>& pool_of() {
+    if constexpr (std::is_same_v<T, float>)
+        return weight_pool();
+    else
+        return weight_pool16<T>();
+}
+
+/// Cycles through disjoint [N, K] weight matrices of the pool of element type T (64-byte aligned starts).
+template <class T = float>
 struct weight_rotation {
     std::int64_t N, K, stride, count, next = 0;
     weight_rotation(std::int64_t n, std::int64_t k)
-        : N(n), K(k), stride((n * k + 15) / 16 * 16), count(weight_pool().numel() / stride) {}
-    hymix::tensor_view<const float, 2> take() {  // [N, K]
-        const float* p = weight_pool().data() + (next++ % count) * stride;
-        return hymix::tensor_view<const float, 2>(p, {N, K});
+        : N(n), K(k), stride((n * k + 31) / 32 * 32), count(pool_of<T>().numel() / stride) {}
+    hymix::tensor_view<const T, 2> take() {  // [N, K]
+        const T* p = pool_of<T>().data() + (next++ % count) * stride;
+        return hymix::tensor_view<const T, 2>(p, {N, K});
     }
 };
 
+template <class T = float>
 struct problem {
     std::int64_t M, N, K;
     int threads;
     hymix::tensor<float> x, bias, y;  // [M, K], [N], [M, N]
-    weight_rotation weights;
+    weight_rotation<T> weights;
     explicit problem(const benchmark::State& st)
         : M(st.range(0)), N(st.range(1)), K(st.range(1)), threads(static_cast<int>(st.range(2))), x{M, K}, bias{N},
           y{M, N}, weights(N, K) {
@@ -59,10 +81,10 @@ struct problem {
     }
     void report(benchmark::State& st, const std::string& impl) const {
         const double flops = 2.0 * static_cast<double>(M * N * K);
-        const double weight_bytes = 4.0 * static_cast<double>(N * K);
+        const double weight_bytes = static_cast<double>(sizeof(T)) * static_cast<double>(N * K);
         const double bytes = weight_bytes + 4.0 * static_cast<double>(M * K + M * N);
         hymix::bench::report(st, static_cast<double>(M), flops, M <= 8 ? weight_bytes : bytes, threads,
-                             4.0 * static_cast<double>(weight_pool().numel()));
+                             static_cast<double>(sizeof(T)) * static_cast<double>(pool_of<T>().numel()));
         st.SetLabel(impl + (M <= 8 ? ": bound by weight bytes (see GB/s, bw_peak_frac)"
                                    : ": bound by FMAs (see GFLOP/s, flop_peak_frac)"));
     }
@@ -74,20 +96,21 @@ void set_eigen_threads([[maybe_unused]] int n) {
 #endif
 }
 
+template <class T>
 void BM_linear_hymix(benchmark::State& st) {
-    problem p(st);
+    problem<T> p(st);
     set_eigen_threads(1);  // hymix threads with the backend; Eigen runs inside its tasks, single-threaded
     const hymix::cpu_backend be(p.threads);
     for (auto _ : st) {
-        hymix::kernels::linear(be, p.x.view<2>(), p.weights.take(), p.bias.data(), p.y.view<2>());
+        hymix::kernels::linear(be, p.x.template view<2>(), p.weights.take(), p.bias.data(), p.y.template view<2>());
         benchmark::DoNotOptimize(p.y.data());
         benchmark::ClobberMemory();
     }
-    p.report(st, "hymix");
+    p.report(st, std::is_same_v<T, float> ? "hymix f32 weights" : std::is_same_v<T, hymix::bf16> ? "hymix bf16 weights" : "hymix f16 weights");
 }
 
 void BM_linear_eigen(benchmark::State& st) {
-    problem p(st);
+    problem<> p(st);
 #ifndef HYMIX_BENCH_EIGEN_OPENMP
     if (p.threads > 1) {
         st.SkipWithError("Eigen is single-threaded without OpenMP");
@@ -119,5 +142,7 @@ void shapes(benchmark::internal::Benchmark* b) {
 
 }  // namespace
 
-BENCHMARK(BM_linear_hymix)->Apply(shapes);
+BENCHMARK(BM_linear_hymix<float>)->Name("BM_linear_hymix")->Apply(shapes);
+BENCHMARK(BM_linear_hymix<hymix::bf16>)->Name("BM_linear_hymix_bf16")->Apply(shapes);
+BENCHMARK(BM_linear_hymix<hymix::f16>)->Name("BM_linear_hymix_f16")->Apply(shapes);
 BENCHMARK(BM_linear_eigen)->Apply(shapes);

@@ -10,7 +10,9 @@
 
 #include "hymix/backend/cpu.hpp"
 #include "hymix/core/tensor.hpp"
+#include "hymix/backend/reference.hpp"
 #include "hymix/kernels/linear.hpp"
+#include "hymix/ops/linear.hpp"
 #include "support/random.hpp"
 
 using namespace hymix;
@@ -326,4 +328,105 @@ TEST_CASE("linear on an AVX2 backend (8 lanes): matches linear_ref and is batch-
     } else {
         MESSAGE("SKIPPED: this build has no AVX2");
     }
+}
+
+namespace {
+
+/// 16-bit weights (bf16, f16): linear on the stored weights must give the f32 kernel's bits on their widened
+/// values, for every M (so batch invariance carries over), and match linear_ref on the stored weights. Values span
+/// f16's subnormals (|w| < 6.1e-5) and bf16's full range; tails of every length K % W.
+template <class TW, class Backend>
+void check_16bit_weights(const char* arch_name) {
+    CAPTURE(arch_name);
+    const std::int64_t Ms[] = {1, 2, 3, 5, 8, 13, 64, 131};
+    const std::int64_t NKs[][2] = {{1, 1}, {7, 15}, {37, 53}, {29, 128}, {50, 1100}, {24, 2061}};
+    std::uint64_t seed = 700;
+    for (int threads : {1, 2}) {
+        const Backend be(threads);
+        for (const auto& nk : NKs) {
+            const std::int64_t N = nk[0], K = nk[1];
+            auto ws = test::uniform(static_cast<std::size_t>(N * K), -1.f, 1.f, seed += 5);
+            for (std::size_t i = 0; i < ws.size(); i += 7) ws[i] *= 1e-5f;  // f16 subnormals, tiny bf16 values
+            std::vector<TW> w16(ws.size());
+            std::vector<float> wide(ws.size());
+            for (std::size_t i = 0; i < ws.size(); ++i) {
+                w16[i] = TW::from_float(ws[i]);
+                wide[i] = w16[i].to_float();
+            }
+            const auto bs = test::uniform(static_cast<std::size_t>(N), -1.f, 1.f, seed + 1);
+            for (auto M : Ms) {
+                CAPTURE(threads);
+                CAPTURE(N);
+                CAPTURE(K);
+                CAPTURE(M);
+                const auto xs = test::uniform(static_cast<std::size_t>(M * K), -1.f, 1.f, seed + 2 + static_cast<std::uint64_t>(M));
+                const tensor_view<const float, 2> x(xs.data(), {M, K});
+                std::vector<float> y16(static_cast<std::size_t>(M * N), -7.f), y32(y16.size(), -9.f);
+                kernels::linear(be, x, tensor_view<const TW, 2>(w16.data(), {N, K}), bs.data(), tensor_view<float, 2>(y16.data(), {M, N}));
+                kernels::linear(be, x, tensor_view<const float, 2>(wide.data(), {N, K}), bs.data(), tensor_view<float, 2>(y32.data(), {M, N}));
+                std::int64_t mismatches = 0;
+                for (std::size_t i = 0; i < y16.size(); ++i) mismatches += bits(y16[i]) != bits(y32[i]);
+                CHECK(mismatches == 0);
+                std::vector<double> ref(y16.size());
+                kernels::linear_ref<float, TW, double, float>(x, tensor_view<const TW, 2>(w16.data(), {N, K}), bs.data(),
+                                                              tensor_view<double, 2>(ref.data(), {M, N}));
+                CHECK(test::rel_error(y16, ref) < 1e-5);
+            }
+        }
+    }
+}
+
+template <class TW>
+void check_16bit_weights_all_widths() {
+    check_16bit_weights<TW, cpu_backend>("native");
+    if constexpr (xsimd::avx2::supported())
+        check_16bit_weights<TW, basic_cpu_backend<xsimd::avx2>>("avx2");
+    else
+        MESSAGE("SKIPPED the AVX2 variant: this build has no AVX2");
+    if constexpr (xsimd::sse4_2::supported())
+        check_16bit_weights<TW, basic_cpu_backend<xsimd::sse4_2>>("sse4.2");
+    else
+        MESSAGE("SKIPPED the SSE4.2 variant: this build has no SSE4.2");
+}
+
+}  // namespace
+
+TEST_CASE("linear with bf16 weights = the f32 kernel on the widened weights, bit for bit, at every SIMD width") {
+    check_16bit_weights_all_widths<bf16>();
+}
+
+TEST_CASE("linear with f16 weights = the f32 kernel on the widened weights, bit for bit (subnormals included)") {
+    check_16bit_weights_all_widths<f16>();
+}
+
+TEST_CASE("linear with 16-bit weights rejects mismatched shapes, naming the weight") {
+    const cpu_backend be(1);
+    std::vector<float> xs(12), y(8);
+    std::vector<bf16> w(15);
+    CHECK_THROWS_WITH_AS(kernels::linear(be, tensor_view<const float, 2>(xs.data(), {3, 4}), tensor_view<const bf16, 2>(w.data(), {3, 5}),
+                                         nullptr, tensor_view<float, 2>(y.data(), {3, 3})),
+                         doctest::Contains("weight"), shape_error);
+}
+
+TEST_CASE("ops::linear takes bf16 and f16 weights on the CPU and reference backends") {
+    const std::int64_t M = 5, N = 19, K = 41;
+    const auto xs = test::uniform(static_cast<std::size_t>(M * K), -1.f, 1.f, 801);
+    const auto ws = test::uniform(static_cast<std::size_t>(N * K), -1.f, 1.f, 802);
+    const auto bs = test::uniform(static_cast<std::size_t>(N), -1.f, 1.f, 803);
+    const tensor_view<const float, 2> x(xs.data(), {M, K});
+    auto check = [&](auto tag) {
+        using TW = decltype(tag);
+        std::vector<TW> w(ws.size());
+        for (std::size_t i = 0; i < ws.size(); ++i) w[i] = TW::from_float(ws[i]);
+        const tensor_view<const TW, 2> wv(w.data(), {N, K});
+        std::vector<float> cpu(static_cast<std::size_t>(M * N)), ref(cpu.size()), direct(cpu.size());
+        ops::linear(cpu_backend(2), x, wv, bs.data(), tensor_view<float, 2>(cpu.data(), {M, N}));
+        ops::linear(reference_backend{}, x, wv, bs.data(), tensor_view<float, 2>(ref.data(), {M, N}));
+        kernels::linear(cpu_backend(1), x, wv, bs.data(), tensor_view<float, 2>(direct.data(), {M, N}));
+        std::vector<double> refd(ref.begin(), ref.end());
+        CHECK(test::rel_error(cpu, refd) < 1e-5);
+        CHECK(cpu == direct);
+    };
+    check(bf16{});
+    check(f16{});
 }

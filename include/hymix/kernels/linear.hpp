@@ -1,6 +1,9 @@
 // Dense projections y[M, N] = x[M, K] · W[N, K]ᵀ (+ b), PyTorch's nn.Linear layout (spec.md §0). Batch-invariant
 // (spec.md §0): one register-tiled xsimd kernel for every M sums each output in an order fixed by K and the SIMD
 // width alone — never by M, the row's tile or the thread count — so a row's result is the same bits in any batch.
+// W may be stored in f32, bf16 or f16 (spec.md §0, dtype rules): 16-bit weights are widened to f32 in registers as
+// they are loaded (exactly: both widen without rounding) and every product and sum is fp32, so a 16-bit W gives the
+// same bits as the f32 kernel on W's widened values, while reading half the bytes (decode is bound by them).
 #pragma once
 
 #include <algorithm>
@@ -9,7 +12,7 @@
 #include <utility>
 
 #include <xsimd/xsimd.hpp>
-#if defined(__AVX512F__) || defined(__FMA__)
+#if defined(__AVX512F__) || defined(__FMA__) || defined(__SSE4_1__)
 #include <immintrin.h>
 #elif defined(__aarch64__)
 #include <arm_neon.h>
@@ -17,6 +20,7 @@
 
 #include "hymix/backend/concepts.hpp"
 #include "hymix/core/check.hpp"
+#include "hymix/core/dtype.hpp"
 #include "hymix/core/tensor.hpp"
 #include "hymix/kernels/lane_sum.hpp"
 
@@ -30,16 +34,30 @@
 
 namespace hymix::kernels {
 
-/// Reference: y = x Wᵀ + b in double precision with obvious loops. x [M, K], w [N, K], bias [N] or null.
-template <class TX, class TW, class TY>
-void linear_ref(tensor_view<const TX, 2> x, tensor_view<const TW, 2> w, const TW* bias, tensor_view<TY, 2> y) {
+/// Reference: y = x Wᵀ + b in double precision with obvious loops. x [M, K], w [N, K] (any element type: f32, f64,
+/// bf16, f16), bias [N] or null.
+template <class TX, class TW, class TY, class TB = TW>
+void linear_ref(tensor_view<const TX, 2> x, tensor_view<const TW, 2> w, const std::type_identity_t<TB>* bias,
+                tensor_view<TY, 2> y) {
+    const auto wide = [](TW v) {
+        if constexpr (std::is_arithmetic_v<TW>)
+            return static_cast<double>(v);
+        else
+            return static_cast<double>(v.to_float());
+    };
     for (std::int64_t m = 0; m < x.dim(0); ++m)
         for (std::int64_t n = 0; n < w.dim(0); ++n) {
             double acc = bias ? static_cast<double>(bias[n]) : 0.0;
-            for (std::int64_t k = 0; k < x.dim(1); ++k) acc += static_cast<double>(x(m, k)) * static_cast<double>(w(n, k));
+            for (std::int64_t k = 0; k < x.dim(1); ++k) {
+                acc += static_cast<double>(x(m, k)) * wide(w(n, k));
+            }
             y(m, n) = static_cast<TY>(acc);
         }
 }
+
+/// Element types a weight matrix of kernels::linear may be stored in.
+template <class T>
+concept linear_weight_type = std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
 
 namespace detail {
 
@@ -136,21 +154,68 @@ inline xsimd::batch<float, Arch> mul_add(xsimd::batch<float, Arch> x, xsimd::bat
     return p + acc;
 }
 
-/// Loads of the last K % W terms of a row, zero-padded to a full vector (step 1's tail).
-template <class Arch>
+/// One SIMD vector of W consecutive weights starting at p, widened to f32. f32: a plain load. bf16: the 16-bit
+/// patterns zero-extended to 32 bits and shifted into the upper half (bf16 is an f32's upper half). f16: the
+/// hardware's half-to-single conversion (F16C, AVX-512F, AArch64), else a scalar widening. All exact.
+template <class Arch, class TW>
+inline xsimd::batch<float, Arch> load_weights(const TW* p) {
+    using B = xsimd::batch<float, Arch>;
+    [[maybe_unused]] constexpr std::size_t bytes = sizeof(typename B::register_type);
+    if constexpr (std::is_same_v<TW, float>) {
+        return B::load_unaligned(p);
+    } else {
+#if defined(__AVX512F__)
+        if constexpr (std::is_base_of_v<xsimd::avx512f, Arch>) {
+            const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+            if constexpr (std::is_same_v<TW, bf16>)
+                return B(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+            else
+                return B(_mm512_cvtph_ps(h));
+        }
+#endif
+#if defined(__AVX2__)
+        if constexpr (bytes == 32 && std::is_same_v<TW, bf16>)
+            return B(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16)));
+#endif
+#if defined(__SSE4_1__)
+        if constexpr (bytes == 16 && std::is_same_v<TW, bf16>)
+            return B(_mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))), 16)));
+#endif
+#if defined(__F16C__)
+        if constexpr (bytes == 16 && std::is_same_v<TW, f16>)
+            return B(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+        if constexpr (bytes == 32 && std::is_same_v<TW, f16> && !std::is_base_of_v<xsimd::avx512f, Arch>)
+            return B(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#endif
+#if defined(__aarch64__)
+        if constexpr (std::is_base_of_v<xsimd::neon64, Arch>) {
+            if constexpr (std::is_same_v<TW, bf16>)
+                return B(vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(reinterpret_cast<const std::uint16_t*>(p)), 16)));
+            else
+                return B(vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const std::uint16_t*>(p)))));
+        }
+#endif
+        alignas(64) float t[B::size];
+        for (std::size_t i = 0; i < B::size; ++i) t[i] = p[i].to_float();
+        return B::load_aligned(t);
+    }
+}
+
+/// Loads of the last K % W terms of a row, zero-padded to a full vector (step 1's tail), widened to f32.
+template <class Arch, class T = float>
 inline auto tail_loader(std::int64_t n) {
     using B = xsimd::batch<float, Arch>;
 #if defined(__AVX512F__)
-    if constexpr (std::is_base_of_v<xsimd::avx512f, Arch>) {
+    if constexpr (std::is_base_of_v<xsimd::avx512f, Arch> && std::is_same_v<T, float>) {
         const auto mask = static_cast<__mmask16>((1u << n) - 1);
         return [mask](const float* p) { return B(_mm512_maskz_loadu_ps(mask, p)); };
     } else
 #endif
     {
-        return [n](const float* p) {
-            alignas(64) float t[B::size] = {};
+        return [n](const T* p) {
+            alignas(64) T t[B::size] = {};
             std::copy(p, p + n, t);
-            return B::load_aligned(t);
+            return load_weights<Arch>(static_cast<const T*>(t));
         };
     }
 }
@@ -159,15 +224,15 @@ inline auto tail_loader(std::int64_t n) {
 /// x vector feeds C FMAs and each loaded w vector R FMAs. Given a range [k0, k1) of K (bounds below K multiples of
 /// W), the tile runs only those terms, carrying its R·C accumulators between ranges in `partial`: stored exactly,
 /// so the sums are those of one pass.
-template <class Arch, int R, int C>
-HYMIX_LINEAR_FLATTEN void linear_tile(tensor_view<const float, 2> x, tensor_view<const float, 2> w, const float* bias,
+template <class Arch, int R, int C, class TW>
+HYMIX_LINEAR_FLATTEN void linear_tile(tensor_view<const float, 2> x, tensor_view<const TW, 2> w, const float* bias,
                         tensor_view<float, 2> y, std::int64_t m0, std::int64_t n0, std::int64_t k0, std::int64_t k1,
                         xsimd::batch<float, Arch>* partial) {
     using B = xsimd::batch<float, Arch>;
     constexpr std::int64_t W = static_cast<std::int64_t>(B::size);
     const std::int64_t K = x.dim(1), Kv = K / W * W;
     const float* xr[R];
-    const float* wr[C];
+    const TW* wr[C];
     static_for<R>([&](auto r) { xr[r] = &x(m0 + r, 0); });
     static_for<C>([&](auto c) { wr[c] = &w(n0 + c, 0); });
     B acc[R * C];
@@ -175,10 +240,10 @@ HYMIX_LINEAR_FLATTEN void linear_tile(tensor_view<const float, 2> x, tensor_view
         static_for<R * C>([&](auto i) { acc[i] = B(0.f); });
     else
         static_for<R * C>([&](auto i) { acc[i] = partial[i]; });
-    auto step = [&](std::int64_t k, auto load) {  // terms k … k + W − 1 of every output of the tile
+    auto step = [&](std::int64_t k, auto load, auto load_w) {  // terms k … k + W − 1 of every output of the tile
         B wv[C];
         static_for<C>([&](auto c) {
-            wv[c] = load(wr[c] + k);
+            wv[c] = load_w(wr[c] + k);
             if constexpr (R > 1) pin_register(wv[c]);
         });
         static_for<R>([&](auto r) {
@@ -186,12 +251,13 @@ HYMIX_LINEAR_FLATTEN void linear_tile(tensor_view<const float, 2> x, tensor_view
             static_for<C>([&](auto c) { acc[r * C + c] = mul_add<Arch>(xv, wv[c], acc[r * C + c]); });
         });
     };
-    for (std::int64_t k = k0; k < std::min(k1, Kv); k += W) step(k, [](const float* p) { return B::load_unaligned(p); });
+    for (std::int64_t k = k0; k < std::min(k1, Kv); k += W)
+        step(k, [](const float* p) { return B::load_unaligned(p); }, [](const TW* p) { return load_weights<Arch>(p); });
     if (k1 < K) {
         static_for<R * C>([&](auto i) { partial[i] = acc[i]; });
         return;
     }
-    if (Kv < K) step(Kv, tail_loader<Arch>(K - Kv));
+    if (Kv < K) step(Kv, tail_loader<Arch>(K - Kv), tail_loader<Arch, TW>(K - Kv));
     linear_store_tile<Arch, R, C>(acc, bias, y, m0, n0);
 }
 
@@ -210,18 +276,18 @@ struct linear_tiles {
 /// Rows [m0, m1) of y against weight rows [n, n + CC): row tiles of R, then one tile of the remaining rows. Long
 /// rows (K > k_chunk) go in K ranges of k_chunk, all row tiles finishing one range before the next starts, so the
 /// weight tile's slice stays in L1 while the row tiles pass; their accumulators wait in `partial` meanwhile.
-template <class Arch, int R, int CC>
-void linear_row_tiles(tensor_view<const float, 2> x, tensor_view<const float, 2> w, const float* bias, tensor_view<float, 2> y,
+template <class Arch, int R, int CC, class TW>
+void linear_row_tiles(tensor_view<const float, 2> x, tensor_view<const TW, 2> w, const float* bias, tensor_view<float, 2> y,
                       std::int64_t m0, std::int64_t m1, std::int64_t n, std::int64_t k_chunk, xsimd::batch<float, Arch>* partial) {
     const std::int64_t K = x.dim(1);
     for (std::int64_t k0 = 0; k0 < K; k0 += k_chunk) {
         const std::int64_t k1 = K - k0 <= k_chunk ? K : k0 + k_chunk;
         std::int64_t m = m0;
         auto* p = partial;
-        for (; m + R <= m1; m += R, p += R * CC) linear_tile<Arch, R, CC>(x, w, bias, y, m, n, k0, k1, p);
+        for (; m + R <= m1; m += R, p += R * CC) linear_tile<Arch, R, CC, TW>(x, w, bias, y, m, n, k0, k1, p);
         if (m < m1)
             with_constant<R - 1>(static_cast<int>(m1 - m), [&](auto rr) {
-                linear_tile<Arch, decltype(rr)::value, CC>(x, w, bias, y, m, n, k0, k1, p);
+                linear_tile<Arch, decltype(rr)::value, CC, TW>(x, w, bias, y, m, n, k0, k1, p);
             });
     }
 }
@@ -229,8 +295,8 @@ void linear_row_tiles(tensor_view<const float, 2> x, tensor_view<const float, 2>
 /// Rows [m0, m1) against weight rows [n0, n1) in weight tiles of C rows (the last one narrower), first to last or,
 /// with `reverse`, last to first (so consecutive row blocks start on the weight tiles still in cache). Blocks of
 /// more than one row tile and K > k_chunk (at most MaxRows rows then) run in K ranges (linear_row_tiles).
-template <class Arch, int R, int C, int MaxRows = R>
-void linear_block(tensor_view<const float, 2> x, tensor_view<const float, 2> w, const float* bias, tensor_view<float, 2> y,
+template <class Arch, int R, int C, int MaxRows = R, class TW>
+void linear_block(tensor_view<const float, 2> x, tensor_view<const TW, 2> w, const float* bias, tensor_view<float, 2> y,
                   std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1, std::int64_t k_chunk, bool reverse = false) {
     using B = xsimd::batch<float, Arch>;
     if (m1 - m0 <= R || x.dim(1) <= k_chunk) k_chunk = x.dim(1);
@@ -239,19 +305,19 @@ void linear_block(tensor_view<const float, 2> x, tensor_view<const float, 2> w, 
     auto narrow = [&] {
         if (tail > 0)
             with_constant<C - 1>(static_cast<int>(tail), [&](auto cc) {
-                linear_row_tiles<Arch, R, decltype(cc)::value>(x, w, bias, y, m0, m1, n0 + full * C, k_chunk, partial);
+                linear_row_tiles<Arch, R, decltype(cc)::value, TW>(x, w, bias, y, m0, m1, n0 + full * C, k_chunk, partial);
             });
     };
     if (reverse) narrow();
     for (std::int64_t t = 0; t < full; ++t)
-        linear_row_tiles<Arch, R, C>(x, w, bias, y, m0, m1, n0 + (reverse ? full - 1 - t : t) * C, k_chunk, partial);
+        linear_row_tiles<Arch, R, C, TW>(x, w, bias, y, m0, m1, n0 + (reverse ? full - 1 - t : t) * C, k_chunk, partial);
     if (!reverse) narrow();
 }
 
 /// y[:, n0..n1) for all rows. Rows go in blocks that fit in L2 (all M at once for decode, so every weight row is
 /// read once); within a block each weight tile (in L1) meets every row tile in turn.
-template <class Arch>
-void linear_columns(tensor_view<const float, 2> x, tensor_view<const float, 2> w, const float* bias, tensor_view<float, 2> y,
+template <class Arch, class TW>
+void linear_columns(tensor_view<const float, 2> x, tensor_view<const TW, 2> w, const float* bias, tensor_view<float, 2> y,
                     std::int64_t n0, std::int64_t n1) {
     using tiles = linear_tiles<Arch>;
     const std::int64_t M = x.dim(0), K = x.dim(1);
@@ -278,12 +344,13 @@ void linear_columns(tensor_view<const float, 2> x, tensor_view<const float, 2> w
 
 }  // namespace detail
 
-/// y[M, N] = x[M, K] · w[N, K]ᵀ (+ bias[N]). fp32. Inner strides must be 1; y must not overlap x, w or bias.
-/// Throws shape_error on a mismatch, naming the argument. Parallel over output columns on the backend's threads.
-/// Batch-invariant: y[m, :] depends only on x[m, :], w and bias, bit for bit, whatever M, the row's position and
-/// the thread count (see detail's summation order).
-template <cpu_backend_type Backend>
-void linear(const Backend& be, tensor_view<const float, 2> x, tensor_view<const float, 2> w, const float* bias,
+/// y[M, N] = x[M, K] · w[N, K]ᵀ (+ bias[N]). x, bias and y fp32; w fp32, bf16 or f16 (widened exactly as loaded,
+/// fp32 products and sums: the result is the f32 kernel's on w's widened values, bit for bit). Inner strides must
+/// be 1; y must not overlap x, w or bias. Throws shape_error on a mismatch, naming the argument. Parallel over
+/// output columns on the backend's threads. Batch-invariant: y[m, :] depends only on x[m, :], w and bias, bit for
+/// bit, whatever M, the row's position and the thread count (see detail's summation order).
+template <cpu_backend_type Backend, linear_weight_type TW>
+void linear(const Backend& be, tensor_view<const float, 2> x, tensor_view<const TW, 2> w, const float* bias,
             tensor_view<float, 2> y) {
     using Arch = typename Backend::arch;
     // Argument checks, in every build (shape_error naming the argument): shapes, the unit inner stride of x, w and y
@@ -307,7 +374,7 @@ void linear(const Backend& be, tensor_view<const float, 2> x, tensor_view<const 
     const std::int64_t groups = (N + G - 1) / G;
     const std::int64_t grain = std::max<std::int64_t>(1, groups / (4 * be.num_threads()));
     be.parallel_for(groups, grain, [&](std::int64_t g0, std::int64_t g1) {
-        detail::linear_columns<Arch>(x, w, bias, y, g0 * G, std::min(N, g1 * G));
+        detail::linear_columns<Arch, TW>(x, w, bias, y, g0 * G, std::min(N, g1 * G));
     });
 }
 

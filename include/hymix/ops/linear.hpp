@@ -10,10 +10,21 @@ namespace ops {
 
 struct linear_op {};
 
-/// y[M, N] = x[M, K] · w[N, K]ᵀ + bias[N] (bias may be null). fp32 in and out. Unit inner strides.
-/// Throws shape_error on mismatched shapes.
+/// y[M, N] = x[M, K] · w[N, K]ᵀ + bias[N] (bias may be null). x, bias, y fp32; w fp32, bf16 or f16 (16-bit weights
+/// are widened exactly and every product and sum is fp32: the f32 result on w's widened values, same bits). Unit
+/// inner strides. Throws shape_error on mismatched shapes.
 template <backend B>
 void linear(const B& be, view_of<B, const float, 2> x, view_of<B, const float, 2> w, const float* bias,
+            view_of<B, float, 2> y) {
+    dispatch<linear_op>(be, x, w, bias, y);
+}
+template <backend B>
+void linear(const B& be, view_of<B, const float, 2> x, view_of<B, const bf16, 2> w, const float* bias,
+            view_of<B, float, 2> y) {
+    dispatch<linear_op>(be, x, w, bias, y);
+}
+template <backend B>
+void linear(const B& be, view_of<B, const float, 2> x, view_of<B, const f16, 2> w, const float* bias,
             view_of<B, float, 2> y) {
     dispatch<linear_op>(be, x, w, bias, y);
 }
@@ -22,7 +33,8 @@ void linear(const B& be, view_of<B, const float, 2> x, view_of<B, const float, 2
 
 template <class Arch>
 struct op_impl<ops::linear_op, basic_cpu_backend<Arch>> {
-    static void run(const basic_cpu_backend<Arch>& be, tensor_view<const float, 2> x, tensor_view<const float, 2> w,
+    template <kernels::linear_weight_type TW>
+    static void run(const basic_cpu_backend<Arch>& be, tensor_view<const float, 2> x, tensor_view<const TW, 2> w,
                     const float* bias, tensor_view<float, 2> y) {
         kernels::linear(be, x, w, bias, y);
     }
@@ -30,12 +42,13 @@ struct op_impl<ops::linear_op, basic_cpu_backend<Arch>> {
 
 template <>
 struct op_impl<ops::linear_op, reference_backend> {
-    static void run(const reference_backend&, tensor_view<const float, 2> x, tensor_view<const float, 2> w, const float* bias,
+    template <kernels::linear_weight_type TW>
+    static void run(const reference_backend&, tensor_view<const float, 2> x, tensor_view<const TW, 2> w, const float* bias,
                     tensor_view<float, 2> y) {
         const std::int64_t M = x.dim(0), K = x.dim(1), N = w.dim(0);
         w.require_shape({N, K}, "linear: weight");
         y.require_shape({M, N}, "linear: output");
-        kernels::linear_ref<float, float, float>(x, w, bias, y);
+        kernels::linear_ref<float, TW, float, float>(x, w, bias, y);
     }
 };
 

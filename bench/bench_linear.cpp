@@ -1,7 +1,9 @@
-// kernels::linear (y[M, N] = x[M, K] · W[N, K]ᵀ; W in f32, bf16 or f16) against one plain Eigen product, for decode (M = 1, 8) and
-// prefill (M = 512, 2048) at N = K = 768 and 2048, on 1 and 2 threads. Weights rotate through a 1 GiB pool so
+// kernels::linear (y[M, N] = x[M, K] · W[N, K]ᵀ; W in f32, bf16 or f16) against one plain Eigen product, for
+// decode (M = 1, 8) and prefill (M = 512, 2048) at N = K = 768, 2048 and 4096 (M ≤ 512), on 1 and 2 threads
+// (HYMIX_BENCH_THREADS="1,2,4,8,16" sets others). Weights rotate through a 1 GiB pool (512 MiB for 16-bit weights) so
 // every call reads them from DRAM, as in a model whose layers do not fit in cache. Report: GFLOP/s and the
-// fraction of the FMA peak; for M ≤ 8, GB/s of weights and the fraction of the DRAM read peak (bench/peak.hpp, measured in the same run).
+// fraction of the FMA peak; for M ≤ 8, GB/s of weights and the fraction of the DRAM read peak (bench/peak.hpp,
+// measured in the same run).
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -134,9 +136,10 @@ void BM_linear_eigen(benchmark::State& st) {
 
 void shapes(benchmark::internal::Benchmark* b) {
     b->ArgNames({"M", "NK", "threads"});
-    for (std::int64_t nk : {768, 2048})
+    for (std::int64_t nk : {768, 2048, 4096})
         for (std::int64_t m : {1, 8, 512, 2048})
-            for (std::int64_t t : {1, 2}) b->Args({m, nk, t});
+            for (std::int64_t t : hymix::bench::thread_counts())
+                if (nk < 4096 || m <= 512) b->Args({m, nk, t});
     b->UseRealTime()->Unit(benchmark::kMicrosecond);
 }
 

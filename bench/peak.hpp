@@ -18,7 +18,9 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <cstdlib>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -165,6 +167,27 @@ inline void report(benchmark::State& st, double tokens, double flops, double byt
     st.counters["bw_peak_frac"] = benchmark::Counter(bytes * iters * 1e-9 / gbs_peak, benchmark::Counter::kIsRate);
     st.counters["peak_GFLOP/s"] = gflops_peak;
     st.counters["peak_GB/s"] = gbs_peak;
+}
+
+/// Thread counts to run: HYMIX_BENCH_THREADS as a comma-separated list (e.g. "1,2,4,8,16" on a many-core host),
+/// else `fallback`. Entries that are not positive integers are skipped.
+inline std::vector<std::int64_t> thread_counts(std::vector<std::int64_t> fallback = {1, 2}) {
+    const char* env = std::getenv("HYMIX_BENCH_THREADS");
+    if (!env) return fallback;
+    std::vector<std::int64_t> out;
+    std::string item;
+    for (const char* c = env;; ++c) {
+        if (*c == ',' || *c == '\0') {
+            char* end = nullptr;
+            const long v = std::strtol(item.c_str(), &end, 10);
+            if (!item.empty() && end && *end == '\0' && v > 0) out.push_back(v);
+            item.clear();
+            if (*c == '\0') break;
+        } else {
+            item += *c;
+        }
+    }
+    return out.empty() ? fallback : out;
 }
 
 /// n values uniform in [-1, 1) from a fixed seed: benchmark inputs.

@@ -349,9 +349,10 @@ void linear_columns(tensor_view<const float, 2> x, tensor_view<const TW, 2> w, c
 /// be 1; y must not overlap x, w or bias. Throws shape_error on a mismatch, naming the argument. Parallel over
 /// output columns on the backend's threads. Batch-invariant: y[m, :] depends only on x[m, :], w and bias, bit for
 /// bit, whatever M, the row's position and the thread count (see detail's summation order).
-template <cpu_backend_type Backend, linear_weight_type TW>
-void linear(const Backend& be, tensor_view<const float, 2> x, tensor_view<const TW, 2> w, const float* bias,
-            tensor_view<float, 2> y) {
+template <class TW, cpu_backend_type Backend>
+    requires linear_weight_type<TW>
+void linear_typed(const Backend& be, tensor_view<const float, 2> x, tensor_view<const TW, 2> w, const float* bias,
+                  tensor_view<float, 2> y) {
     using Arch = typename Backend::arch;
     // Argument checks, in every build (shape_error naming the argument): shapes, the unit inner stride of x, w and y
     // (row strides are free), y's rows not overlapping each other, x, w or the bias (the products write y while
@@ -376,6 +377,21 @@ void linear(const Backend& be, tensor_view<const float, 2> x, tensor_view<const 
     be.parallel_for(groups, grain, [&](std::int64_t g0, std::int64_t g1) {
         detail::linear_columns<Arch, TW>(x, w, bias, y, g0 * G, std::min(N, g1 * G));
     });
+}
+
+/// The three weight types as plain overloads (the weight's element type is not deduced), so that views of mutable
+/// data convert to the const views they take.
+template <cpu_backend_type Backend>
+void linear(const Backend& be, tensor_view<const float, 2> x, tensor_view<const float, 2> w, const float* bias, tensor_view<float, 2> y) {
+    linear_typed<float>(be, x, w, bias, y);
+}
+template <cpu_backend_type Backend>
+void linear(const Backend& be, tensor_view<const float, 2> x, tensor_view<const bf16, 2> w, const float* bias, tensor_view<float, 2> y) {
+    linear_typed<bf16>(be, x, w, bias, y);
+}
+template <cpu_backend_type Backend>
+void linear(const Backend& be, tensor_view<const float, 2> x, tensor_view<const f16, 2> w, const float* bias, tensor_view<float, 2> y) {
+    linear_typed<f16>(be, x, w, bias, y);
 }
 
 }  // namespace hymix::kernels

@@ -36,7 +36,7 @@ struct op_impl<ops::linear_op, basic_cpu_backend<Arch>> {
     template <kernels::linear_weight_type TW>
     static void run(const basic_cpu_backend<Arch>& be, tensor_view<const float, 2> x, tensor_view<const TW, 2> w,
                     const float* bias, tensor_view<float, 2> y) {
-        kernels::linear(be, x, w, bias, y);
+        kernels::linear_typed<TW>(be, x, w, bias, y);
     }
 };
 

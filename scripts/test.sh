@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # README's test command (and CI's): installs the Debian 12 dependencies, then
 #   1. builds the release preset (tests, benchmarks, examples) with warnings as errors (-DHYMIX_WERROR=ON) and runs
-#      its tests with ctest;
+#      its tests with ctest (JOBS at a time);
 #   2. builds the sanitize preset (AddressSanitizer + UndefinedBehaviorSanitizer) and runs its tests;
 #   3. builds the libFuzzer targets with clang and runs each for FUZZ_SECONDS (default 30) via tests/fuzz/run.sh.
 # Exits non-zero if any stage fails; every stage runs, and a summary is printed at the end.
@@ -34,7 +34,9 @@ scripts/install-deps.sh || exit 1
 for p in release sanitize; do
     if run_stage "$p: configure" preset_configure "$p" -DHYMIX_WERROR=ON; then
         run_stage "$p: build" preset_build "$p"
-        run_stage "$p: ctest" preset_test "$p"
+        # JOBS tests at a time: the tests that run the build tool hold a resource lock (one at a time), the others
+        # fill the second core meanwhile; every test writes under its own directory or file names.
+        run_stage "$p: ctest" preset_test "$p" -j"$JOBS"
     fi
 done
 

@@ -14,12 +14,14 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <mutex>
-#include <cstdlib>
 #include <random>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -175,17 +177,11 @@ inline std::vector<std::int64_t> thread_counts(std::vector<std::int64_t> fallbac
     const char* env = std::getenv("HYMIX_BENCH_THREADS");
     if (!env) return fallback;
     std::vector<std::int64_t> out;
-    std::string item;
-    for (const char* c = env;; ++c) {
-        if (*c == ',' || *c == '\0') {
-            char* end = nullptr;
-            const long v = std::strtol(item.c_str(), &end, 10);
-            if (!item.empty() && end && *end == '\0' && v > 0) out.push_back(v);
-            item.clear();
-            if (*c == '\0') break;
-        } else {
-            item += *c;
-        }
+    std::istringstream list(env);
+    for (std::string item; std::getline(list, item, ',');) {
+        std::int64_t v = 0;
+        const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+        if (ec == std::errc() && end == item.data() + item.size() && v > 0) out.push_back(v);
     }
     return out.empty() ? fallback : out;
 }

@@ -177,6 +177,12 @@ logits)
     if "$check" logits "$work/lref.safetensors" "$work/l.safetensors" 1e-5 >"$work/cmp" 2>&1; then echo "ok:   cpu and ref backends agree"; else
         echo "FAIL: cpu and ref backends disagree: $(cat "$work/cmp")"; failures=$((failures + 1)); fi
     expect 1 "--backend: .*gpu" logits -m "$tiny" --backend gpu --input "$work/ids.safetensors" --output "$work/lx.safetensors"
+    # 16-bit projection weights: named on the load line, logits within the weights' rounding of the f32 ones.
+    expect 0 "load: .*; bf16 projection weights, [0-9.]+ MB\)" logits -m "$tiny" --weights bf16 --input "$work/ids.safetensors" --output "$work/lbf.safetensors"
+    if "$check" logits "$work/lbf.safetensors" "$work/l.safetensors" 0.05 >"$work/cmp" 2>&1; then echo "ok:   bf16 weights close to f32"; else
+        echo "FAIL: bf16 weights far from f32: $(cat "$work/cmp")"; failures=$((failures + 1)); fi
+    expect 0 "f16 projection weights" logits -m "$tiny" --weights f16 --backend ref --input "$work/ids.safetensors" --output "$work/lh.safetensors"
+    expect 1 "--weights: .*int8" logits -m "$tiny" --weights int8 --input "$work/ids.safetensors" --output "$work/lx.safetensors"
     "$check" ids "$work/bad.safetensors" 1 4 300
     expect 2 "input_ids\[0, 3\] = 300 is outside the vocabulary \[0, 256\)" logits -m "$tiny" --input "$work/bad.safetensors" --output "$work/l2.safetensors"
     [ ! -e "$work/l2.safetensors" ] || { echo "FAIL: a failed logits run left an output file"; failures=$((failures + 1)); }
@@ -184,6 +190,7 @@ logits)
     "$check" poison "$tiny" "$work/big" lm_head.weight 3 3e38
     expect 3 "logits hold (NaN|\+Inf|-Inf) at \[0, 0, 3\]; pass --allow-nonfinite" logits -m "$work/big" --input "$work/ids.safetensors" --output "$work/l3.safetensors"
     [ ! -e "$work/l3.safetensors" ] || { echo "FAIL: non-finite logits were written"; failures=$((failures + 1)); }
+    expect 2 "lm_head: value .* at element [0-9]+ overflows f16" logits -m "$work/big" --weights f16 --input "$work/ids.safetensors" --output "$work/l4.safetensors"
     expect 0 "warning: the logits hold" logits -m "$work/big" --allow-nonfinite --input "$work/ids.safetensors" --output "$work/l3.safetensors"
     ;;
 train)

@@ -223,6 +223,11 @@ struct command_line {
                       "cpu (oneTBB threads, SIMD kernels) or ref (the fp64 reference backend every backend is tested against; slow)")
             ->check(CLI::IsMember({"cpu", "ref"}))
             ->capture_default_str();
+        c->add_option("--weights", common.weights,
+                      "storage of the projection weights (mixers, MLPs, embedding, LM head): f32, or bf16 / f16 for inference "
+                      "(half the bytes per decode step; exactly the f32 model on weights rounded to that type)")
+            ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+            ->capture_default_str();
         c->add_option("--amor", common.amor,
                       "AMOR file (entropy-gated attention blocks trained on the --model backbone; spec.md §5) to run on top of it")
             ->check(CLI::ExistingFile);

@@ -41,11 +41,13 @@ basic_loaded_model<Model> load_on(const common_options& o) {
                               " model, which has no per-token read-out modes (schedules choose the read-out of Oryx models)");
         m.model.set_mode_schedule(*modes);
     }
+    if (o.weights != "f32") m.model.store_weights_as(hymix::parse_weight_dtype(o.weights));
     const double load_s = seconds_since(t0);
     const auto& i = m.model.info();
     const auto& be = m.model.backend();
-    console::note("load: {} ({}, {} parameters, {} layers {}) in {:.2f} s", dir.string(), i.architecture, i.n_params,
-                  i.n_layers, i.schedule, load_s);
+    console::note("load: {} ({}, {} parameters, {} layers {}; {} projection weights, {:.1f} MB) in {:.2f} s", dir.string(),
+                  i.architecture, i.n_params, i.n_layers, i.schedule, o.weights, static_cast<double>(m.model.weight_bytes()) / 1e6,
+                  load_s);
     if (!o.modes.empty()) console::note("modes: {} (per-token read-out schedule)", o.modes);
     console::note("system: backend {} | {} of {} threads | SIMD {} ({} fp32 lanes) | oneTBB {} | hymix {}", be.name, be.num_threads(),
                   tbb::info::default_concurrency(), be.arch_name(), be.simd_width(), TBB_VERSION_STRING, HYMIX_TOOL_VERSION);

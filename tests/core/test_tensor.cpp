@@ -1,4 +1,4 @@
-// Tensor views, owning tensors, Eigen interop, dtype conversions and the error hierarchy.
+// Tensor views, owning tensors, Eigen interop, dtype conversions, linear_weight storage and the error hierarchy.
 #include <doctest/doctest.h>
 
 #include <bit>
@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "hymix/core/convert.hpp"
+#include "hymix/core/linear_weight.hpp"
 #include "hymix/core/tensor.hpp"
 #include "support/random.hpp"
 
@@ -172,4 +173,60 @@ TEST_CASE("vectorised f16 conversions are bit-identical to the scalar ones") {
     std::vector<f16> h(x.size());
     convert(x.data(), h.data(), x.size());
     for (std::size_t i = 0; i < x.size(); ++i) CHECK_MESSAGE(h[i].bits == f16::from_float(x[i]).bits, "x = " << x[i]);
+}
+
+TEST_CASE("linear_weight: f32 by default, bf16 / f16 storage rounds to nearest even, widens back exactly") {
+    linear_weight w = tensor<float>({3, 5});
+    CHECK(w.storage() == dtype::f32);
+    for (std::int64_t i = 0; i < w.numel(); ++i) w[i] = 1.0f + static_cast<float>(i) * 0.001953125f + 1e-7f * static_cast<float>(i % 3);
+    w[7] = std::numeric_limits<float>::infinity();
+    w[8] = -3.0e-6f;  // an f16 subnormal
+    const tensor<float> orig = w;
+    CHECK(w.stored_bytes() == 15 * 4);
+    for (dtype d : {dtype::bf16, dtype::f16}) {
+        CAPTURE(weight_dtype_name(d));
+        linear_weight h = w;
+        h.store_as(d, "w");
+        CHECK(h.storage() == d);
+        CHECK(h.stored_bytes() == 15 * 2);
+        CHECK(h.shape() == std::vector<std::int64_t>{3, 5});  // the stored shape, whatever the storage
+        CHECK(h.rank() == 2);
+        CHECK(h.dim(1) == 5);
+        CHECK(h.numel() == 15);
+        CHECK_THROWS_WITH_AS((void)h.data(), doctest::Contains("stored as"), value_error);
+        CHECK_THROWS_AS((void)h.view<2>(), value_error);
+        CHECK_THROWS_AS((void)h.span(), value_error);
+        h.visit_stored<2>([&]<class T>(tensor_view<const T, 2> v) {
+            CHECK(dtype_of<T>::value == d);
+            for (std::int64_t i = 0; i < 15; ++i) {
+                const float want = d == dtype::bf16 ? bf16::from_float(orig[i]).to_float() : f16::from_float(orig[i]).to_float();
+                CHECK(std::bit_cast<std::uint32_t>(static_cast<float>(v(i / 5, i % 5))) == std::bit_cast<std::uint32_t>(want));
+            }
+        });
+        const linear_weight copy = h;  // copies keep the storage
+        CHECK(copy.storage() == d);
+        h.store_as(dtype::f32);
+        CHECK(h.storage() == dtype::f32);
+        for (std::int64_t i = 0; i < 15; ++i) {
+            const float want = d == dtype::bf16 ? bf16::from_float(orig[i]).to_float() : f16::from_float(orig[i]).to_float();
+            CHECK(std::bit_cast<std::uint32_t>(h[i]) == std::bit_cast<std::uint32_t>(want));
+        }
+        // Assigning an f32 tensor makes it f32 again.
+        linear_weight a = copy;
+        a = tensor<float>({2, 2});
+        CHECK(a.storage() == dtype::f32);
+        CHECK(a.numel() == 4);
+    }
+    // bf16 → f16 goes through the exact f32 values; f16 overflow is named and leaves the weight as it was.
+    linear_weight big = tensor<float>({1, 3});
+    big[1] = 70000.0f;
+    big.store_as(dtype::bf16, "layers.0.mixer.out_proj.weight");
+    CHECK_THROWS_WITH_AS(big.store_as(dtype::f16, "layers.0.mixer.out_proj.weight"),
+                         doctest::Contains("layers.0.mixer.out_proj.weight: value 70144.000000 at element 1 overflows f16"), value_error);
+    CHECK(big.storage() == dtype::bf16);
+    CHECK_THROWS_AS(big.check_storable(dtype::f16), value_error);
+    CHECK_THROWS_AS(big.store_as(dtype::i32), config_error);
+    CHECK(parse_weight_dtype("bfloat16") == dtype::bf16);
+    CHECK(parse_weight_dtype("fp16") == dtype::f16);
+    CHECK_THROWS_WITH_AS(parse_weight_dtype("int8"), "weight dtype: expected f32, bf16 or f16, found \"int8\"", config_error);
 }

@@ -1,8 +1,10 @@
 // AMOR's entropy-EMA gate (spec.md §5.2, invariant §8.23) and the streaming head entropy it uses.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "hymix/backend/cpu.hpp"
@@ -115,7 +117,9 @@ TEST_CASE("decide reads the context's head; decide_train advances the statistics
     const auto sb = seq_batch::padded(3, lens);  // rows 2 is padding
     const validated_batch vb(sb, 2);
     stack_workspace ws;
-    block_context<cpu_backend> ctx{be, vb, tensor_view<const float, 2>(ev.data(), {V, d}), nullptr, 1e-5f, kernels::rms_flavor::plain, {}, ws, nullptr, 0};
+    linear_weight head = tensor<float>({V, d});
+    std::copy(ev.begin(), ev.end(), head.data());
+    block_context<cpu_backend> ctx{be, vb, head, nullptr, 1e-5f, kernels::rms_flavor::plain, {}, ws, nullptr, 0};
     entropy_ema g;
     std::vector<unsigned char> fire(static_cast<std::size_t>(n));
     g.decide(ctx, tensor_view<const float, 2>(hv.data(), {n, d}), fire);
@@ -131,4 +135,25 @@ TEST_CASE("decide reads the context's head; decide_train advances the statistics
     g.decide_train(ctx, tensor_view<const float, 2>(hv.data(), {n, d}), fire);
     CHECK(g.running_threshold() == expect.running_threshold());
     CHECK(g.running_std() == expect.running_std());
+}
+
+TEST_CASE("head_entropy with a bf16 / f16 head: the f32 head's entropies on the rounded values, bit for bit") {
+    const std::int64_t n = 9, d = 37, V = 301;
+    const auto hv = test::uniform(static_cast<std::size_t>(n * d), -2.f, 2.f, 31);
+    const auto ev = test::uniform(static_cast<std::size_t>(V * d), -1.f, 1.f, 32);
+    cpu_backend be(2);
+    const tensor_view<const float, 2> h(hv.data(), {n, d});
+    for (dtype t : {dtype::bf16, dtype::f16}) {
+        CAPTURE(weight_dtype_name(t));
+        linear_weight head = tensor<float>({V, d});
+        std::copy(ev.begin(), ev.end(), head.data());
+        head.store_as(t);
+        linear_weight rounded = head;
+        rounded.store_as(dtype::f32);
+        std::vector<float> a(static_cast<std::size_t>(n)), b(static_cast<std::size_t>(n));
+        head_entropy(be, h, head, std::span<float>(a), entropy_form::stable, 64, 4);  // several vocabulary and row tiles
+        head_entropy(be, h, rounded.view<2>(), std::span<float>(b), entropy_form::stable, 64, 4);
+        CHECK(a == b);
+        CHECK(a[0] > 0.0f);
+    }
 }

@@ -10,6 +10,8 @@
 #include <span>
 #include <vector>
 
+#include "hymix/core/linear_weight.hpp"
+#include "hymix/ops/elementwise.hpp"
 #include "hymix/ops/elementwise_backward.hpp"
 #include "support/grad_check.hpp"
 #include "support/random.hpp"
@@ -203,4 +205,51 @@ TEST_CASE("mul_sigmoid_backward: errors name the argument") {
     CHECK_THROWS_WITH_AS(ops::mul_sigmoid_backward(reference_backend(), cv3(a.data(), {2, 3, 4}), cv3(g.data(), {2, 3, 4}),
                                                    cv3(d.data(), {2, 3, 4}), v3(o.data(), {2, 3, 4}), v3(o.data(), {2, 3, 4}), mask),
                          doctest::Contains("dgate overlaps"), shape_error);
+}
+
+TEST_CASE("embedding and the row ops: a 16-bit table is widened exactly; widths and strides are checked on both backends") {
+    const std::int64_t V = 7, d = 5, n = 4;
+    const auto vals = test::uniform(static_cast<std::size_t>(V * d), -1.f, 1.f, 41);
+    linear_weight table = tensor<float>({V, d});
+    std::copy(vals.begin(), vals.end(), table.data());
+    const std::vector<std::int32_t> tokens{3, 0, 6, 3};
+    const std::vector<unsigned char> mask{1, 1, 0, 1};
+    const cpu_backend cpu(2);
+    for (dtype t : {dtype::bf16, dtype::f16}) {
+        CAPTURE(weight_dtype_name(t));
+        linear_weight half = table;
+        half.store_as(t);
+        tensor<float> x({n, d}), xr({n, d});
+        ops::embedding(cpu, half, tokens, mask, x.view<2>());
+        ops::embedding(reference_backend(), half, tokens, mask, xr.view<2>());
+        for (std::int64_t r = 0; r < n; ++r)
+            for (std::int64_t c = 0; c < d; ++c) {
+                const float v = vals[static_cast<std::size_t>(tokens[static_cast<std::size_t>(r)] * d + c)];
+                const float want = !mask[static_cast<std::size_t>(r)] ? 0.0f
+                                   : t == dtype::bf16            ? bf16::from_float(v).to_float()
+                                                                 : f16::from_float(v).to_float();
+                CHECK(x.view<2>()(r, c) == want);
+                CHECK(xr.view<2>()(r, c) == want);
+            }
+    }
+    std::vector<float> buf(static_cast<std::size_t>(2 * n * d));
+    const tensor_view<float, 2> strided(buf.data(), {n, d}, {2 * d, 2});  // inner stride 2
+    const tensor_view<float, 2> wide(buf.data(), {n, d + 1});
+    tensor<float> y({n, d});
+    const std::vector<std::int64_t> rows{0, 1, -1, 2};
+    auto both = [&](auto&& f) {
+        f(cpu);
+        f(reference_backend());
+    };
+    both([&](const auto& be) {
+        CHECK_THROWS_WITH_AS(ops::embedding(be, table, tokens, mask, wide), "embedding: the table has 5 columns, x 6", shape_error);
+        CHECK_THROWS_WITH_AS(ops::embedding(be, table, tokens, mask, strided), "embedding: x needs unit inner stride, found 2", shape_error);
+        CHECK_THROWS_WITH_AS(ops::gather_rows(be, tensor_view<const float, 2>(strided), rows, y.view<2>()),
+                             "gather_rows: src needs unit inner stride, found 2", shape_error);
+        CHECK_THROWS_WITH_AS(ops::scatter_rows(be, tensor_view<const float, 2>(y.view<2>()), rows, strided),
+                             "scatter_rows: dst needs unit inner stride, found 2", shape_error);
+        CHECK_THROWS_WITH_AS(ops::zero_rows(be, strided, mask), "zero_rows: y needs unit inner stride, found 2", shape_error);
+        CHECK_THROWS_WITH_AS(ops::add_rows(be, y.view<2>(), tensor_view<const float, 2>(strided), mask),
+                             "add_rows: y needs unit inner stride, found 2", shape_error);
+    });
 }

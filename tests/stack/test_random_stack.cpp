@@ -1,20 +1,26 @@
 // random_stack: one call gives a whole model with the schedule's layers, each mixer's own random initialisation,
 // N(0, 0.02) embedding / MLPs and neutral norm weights; reproducible from the seed; missing sizes are config errors.
+// model::store_weights_as: bf16 / f16 projection weights give, bit for bit, the logits of the f32 model whose weights
+// were rounded the same way (prefill and decode, both backends); training and saving refuse them.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "hymix/backend/cpu.hpp"
+#include "hymix/backend/reference.hpp"
 #include "hymix/mixer/attention.hpp"
 #include "hymix/mixer/gated_deltanet.hpp"
 #include "hymix/mixer/mamba2.hpp"
 #include "hymix/stack/model.hpp"
 #include "hymix/stack/random_stack.hpp"
+#include "hymix/train/model_grad.hpp"
 
 using namespace hymix;
 
@@ -85,6 +91,54 @@ double stddev(const tensor<float>& t) {
 }
 
 const std::vector<std::int32_t> ids{3, 17, 42, 0, 49, 8, 8, 21, 30, 11, 5};
+
+/// Logits of a prefill of two sequences (7 and 4 tokens, packed) and of three decode steps after it, concatenated.
+template <class Stack, class B>
+std::vector<float> prefill_and_decode(const Stack& m, const B& be) {
+    auto c = m.make_cache(2);
+    const std::vector<std::int64_t> cu{0, 7, 11};
+    tensor<float> lg({11, V});
+    m.forward(be, c, seq_batch::packed(cu), ids, lg);
+    std::vector<float> out(lg.data(), lg.data() + lg.numel());
+    const std::vector<std::int64_t> slots{0, 1};
+    for (std::int32_t step = 0; step < 3; ++step) {
+        const std::vector<std::int32_t> next{static_cast<std::int32_t>(step * 7 % V), static_cast<std::int32_t>(step * 13 % V + 1)};
+        tensor<float> ls({2, V});
+        m.forward(be, c, seq_batch::decode(slots), next, ls);
+        out.insert(out.end(), ls.data(), ls.data() + ls.numel());
+    }
+    return out;
+}
+
+/// The f32 model whose projection weights hold the values `d` stores (rounded to nearest even, widened back).
+template <class Stack>
+Stack rounded_to(Stack m, dtype d) {
+    m.store_weights_as(d);
+    m.store_weights_as(dtype::f32);
+    return m;
+}
+
+/// bf16 and f16 storage: the rounded f32 model's logits bit for bit on `be`; f32 again restores the rounded model.
+template <class Stack, class B>
+void check_16bit_storage(const Stack& m, const B& be) {
+    for (dtype d : {dtype::bf16, dtype::f16}) {
+        CAPTURE(weight_dtype_name(d));
+        const Stack ref = rounded_to(m, d);
+        Stack half = m;
+        half.store_weights_as(d);
+        CHECK(half.weight_dtype() == d);
+        CHECK(half.weights().embedding.storage() == d);
+        CHECK(half.weights().embedding.stored_bytes() == static_cast<std::size_t>(V * D) * 2);
+        const auto a = prefill_and_decode(ref, be), b = prefill_and_decode(half, be);
+        REQUIRE(a.size() == b.size());
+        CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+        // The rounding is real: the f32 model's logits differ (bf16 keeps 8 bits of mantissa, f16 11).
+        CHECK(prefill_and_decode(m, be) != a);
+        half.store_weights_as(dtype::f32);
+        CHECK(half.weight_dtype() == dtype::f32);
+        CHECK(prefill_and_decode(half, be) == a);
+    }
+}
 
 }  // namespace
 
@@ -173,4 +227,51 @@ TEST_CASE("random_stack: per-layer kinds for run-time schedules; missing sizes a
     // A mixer config of another width: the model names the first layer that uses it.
     CHECK_THROWS_WITH_AS(random_stack<hybrid>(sizes(false), {.n_layers = 3, .d_ff = 96}, {gdn_cfg(96), attn_cfg()}, 3),
                          "layers.0: the mixer's d_model is 96, the stack's is 64", config_error);
+}
+
+TEST_CASE("store_weights_as: bf16 and f16 projections give the rounded f32 model's logits bit for bit, prefill and decode") {
+    // GDN + attention with SwiGLU MLPs and an untied head; Mamba-2 + attention without MLPs; a tied Mamba-2 pair.
+    const auto h = random_stack<hybrid>(sizes(false), {.n_layers = 3, .d_ff = 96}, {gdn_cfg(), attn_cfg()}, 21);
+    const auto r = random_stack<run_time>(sizes(false), {.kinds = {layer_kind::mamba2, layer_kind::attention}}, {mamba_cfg(), attn_cfg()}, 22);
+    const auto t = random_stack<mamba_pair>(sizes(true), {}, {mamba_cfg()}, 23);
+    for (int threads : {1, 2}) {
+        CAPTURE(threads);
+        const cpu_backend be(threads);
+        check_16bit_storage(h, be);
+        check_16bit_storage(r, be);
+        check_16bit_storage(t, be);
+    }
+    check_16bit_storage(t, reference_backend{});
+
+    // Every projection is 16-bit; norms and the convolution stay fp32.
+    auto half = h;
+    half.store_weights_as(dtype::bf16);
+    std::size_t n16 = 0, n32 = 0;
+    half.for_each_param([&](const std::string& name, auto& w) {
+        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(w)>, linear_weight>) {
+            CAPTURE(name);
+            CHECK(w.storage() == dtype::bf16);
+            ++n16;
+        } else {
+            ++n32;
+        }
+    });
+    // Layers G, G, A: 2 × 5 GDN projections, 4 attention projections, 3 × 3 MLP projections, embedding and head.
+    CHECK(n16 == 2 * 5 + 4 + 3 * 3 + 2);
+    CHECK(n32 > 0);
+
+    // fp32 access to a 16-bit weight, training and saving are refused with the reason.
+    CHECK_THROWS_WITH_AS((void)half.weights().embedding.data(), doctest::Contains("stored as bf16 for inference"), value_error);
+    CHECK_THROWS_WITH_AS((void)train::zeros_like(half), doctest::Contains("zeros_like: the model stores its projection weights as bf16"),
+                         config_error);
+    CHECK_THROWS_AS(half.store_weights_as(dtype::f64), config_error);
+
+    // A value beyond f16's range is named, and nothing is lost: the model still runs as it was.
+    auto big = t;
+    big.weights_mut().embedding.span()[5] = 1.0e5f;
+    const auto before = prefill_and_decode(big, cpu_backend(1));
+    CHECK_THROWS_WITH_AS(big.store_weights_as(dtype::f16), doctest::Contains("embedding: value 100000.000000 at element 5 overflows f16"),
+                         value_error);
+    CHECK(big.weights().embedding.storage() == dtype::f32);
+    CHECK(prefill_and_decode(big, cpu_backend(1)) == before);
 }

@@ -12,10 +12,12 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "hymix/backend/concepts.hpp"
 #include "hymix/core/error.hpp"
+#include "hymix/core/linear_weight.hpp"
 #include "hymix/core/tensor.hpp"
 #include "hymix/ops/linear.hpp"
 
@@ -72,9 +74,10 @@ inline double unbiased_std(std::span<const float> v) {
 /// Normalised entropy of softmax(h · headᵀ) for every row: H[r] = (LSE(ℓ) − Σ p·ℓ) / log V (or the +1e−10 form),
 /// ℓ = h[r] · headᵀ [V]. h [n, d] fp32, head [V, d] fp32, H [n] out. Streams over the vocabulary in tiles of
 /// `vocab_tile` head rows with an online log-sum-exp: memory O(row_tile · vocab_tile). Rows whose logits are all
-/// −∞ or hold NaN give NaN (callers check). Throws shape_error on mismatched shapes.
-template <backend B>
-void head_entropy(const B& be, tensor_view<const float, 2> h, tensor_view<const float, 2> head, std::span<float> H,
+/// −∞ or hold NaN give NaN (callers check). Throws shape_error on mismatched shapes. The head may be bf16 / f16 (TW,
+/// given explicitly; widened exactly in the projection), or a linear_weight (the overload below).
+template <backend B, class TW = float>
+void head_entropy(const B& be, tensor_view<const float, 2> h, std::type_identity_t<tensor_view<const TW, 2>> head, std::span<float> H,
                   entropy_form form = entropy_form::stable, std::int64_t vocab_tile = 4096, std::int64_t row_tile = 64) {
     const std::int64_t n = h.dim(0), d = h.dim(1), V = head.dim(0);
     head.require_shape({V, d}, "head_entropy: head");
@@ -94,7 +97,7 @@ void head_entropy(const B& be, tensor_view<const float, 2> h, tensor_view<const 
         for (std::int64_t v0 = 0; v0 < V; v0 += vt) {
             const std::int64_t vn = std::min(vt, V - v0);
             tensor_view<float, 2> lt(buf.data(), {rn, vn});
-            ops::linear(be, hb, tensor_view<const float, 2>(head.data + v0 * head.strides[0], {vn, d}, {head.strides[0], head.strides[1]}),
+            ops::linear(be, hb, tensor_view<const TW, 2>(head.data + v0 * head.strides[0], {vn, d}, {head.strides[0], head.strides[1]}),
                         nullptr, lt);
             for (std::int64_t r = 0; r < rn; ++r) {
                 const float* l = &lt(r, 0);
@@ -120,7 +123,7 @@ void head_entropy(const B& be, tensor_view<const float, 2> h, tensor_view<const 
             for (std::int64_t v0 = 0; v0 < V; v0 += vt) {
                 const std::int64_t vn = std::min(vt, V - v0);
                 tensor_view<float, 2> lt(buf.data(), {rn, vn});
-                ops::linear(be, hb, tensor_view<const float, 2>(head.data + v0 * head.strides[0], {vn, d}, {head.strides[0], head.strides[1]}),
+                ops::linear(be, hb, tensor_view<const TW, 2>(head.data + v0 * head.strides[0], {vn, d}, {head.strides[0], head.strides[1]}),
                             nullptr, lt);
                 for (std::int64_t r = 0; r < rn; ++r) {
                     const double lse = mx[r] + std::log(se[r]);
@@ -133,6 +136,13 @@ void head_entropy(const B& be, tensor_view<const float, 2> h, tensor_view<const 
             for (std::int64_t r = 0; r < rn; ++r) H[static_cast<std::size_t>(r0 + r)] = static_cast<float>(acc[static_cast<std::size_t>(r)] / logV);
         }
     }
+}
+
+/// head_entropy with the LM head as a model stores it (f32, bf16 or f16).
+template <host_backend B, std::same_as<linear_weight> W>
+void head_entropy(const B& be, tensor_view<const float, 2> h, const W& head, std::span<float> H,
+                  entropy_form form = entropy_form::stable, std::int64_t vocab_tile = 4096, std::int64_t row_tile = 64) {
+    head.template visit_stored<2>([&]<class T>(tensor_view<const T, 2> hv) { head_entropy<B, T>(be, h, hv, H, form, vocab_tile, row_tile); });
 }
 
 /// The entropy-EMA gate of one AMOR block: fires iff H > τ (strict). Statistics `running_threshold` (m̄) and

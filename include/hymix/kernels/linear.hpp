@@ -21,6 +21,7 @@
 #include "hymix/backend/concepts.hpp"
 #include "hymix/core/check.hpp"
 #include "hymix/core/dtype.hpp"
+#include "hymix/core/linear_weight.hpp"
 #include "hymix/core/tensor.hpp"
 #include "hymix/kernels/lane_sum.hpp"
 
@@ -392,6 +393,12 @@ void linear(const Backend& be, tensor_view<const float, 2> x, tensor_view<const 
 template <cpu_backend_type Backend>
 void linear(const Backend& be, tensor_view<const float, 2> x, tensor_view<const f16, 2> w, const float* bias, tensor_view<float, 2> y) {
     linear_typed<f16>(be, x, w, bias, y);
+}
+/// The same on a linear_weight, read as it is stored (f32, bf16 or f16).
+/// (W is deduced so that a tensor<float> argument still picks the f32 overload without ambiguity.)
+template <cpu_backend_type Backend, std::same_as<linear_weight> W>
+void linear(const Backend& be, tensor_view<const float, 2> x, const W& w, const float* bias, tensor_view<float, 2> y) {
+    w.template visit_stored<2>([&]<class TW>(tensor_view<const TW, 2> wv) { linear_typed<TW>(be, x, wv, bias, y); });
 }
 
 }  // namespace hymix::kernels

@@ -11,6 +11,7 @@
 #include "hymix/backend/concepts.hpp"
 #include "hymix/core/error.hpp"
 #include "hymix/core/math.hpp"
+#include "hymix/core/linear_weight.hpp"
 #include "hymix/core/tensor.hpp"
 #include "hymix/kernels/linear.hpp"
 
@@ -19,16 +20,16 @@ namespace hymix {
 /// SwiGLU weights in the Hugging Face layout; `gate_up` [2·d_ff, d] is built once from gate_proj and up_proj so
 /// one projection reads x once for both (the first d_ff rows are the gate).
 struct swiglu_weights {
-    tensor<float> gate_proj;  // [d_ff, d]
-    tensor<float> up_proj;    // [d_ff, d]
-    tensor<float> down_proj;  // [d, d_ff]
-    tensor<float> gate_up;    // [2·d_ff, d], filled by prepare()
+    linear_weight gate_proj;  // [d_ff, d]
+    linear_weight up_proj;    // [d_ff, d]
+    linear_weight down_proj;  // [d, d_ff]
+    linear_weight gate_up;    // [2·d_ff, d], filled by prepare()
 
     std::int64_t d_ff() const { return gate_proj.rank() == 2 ? gate_proj.dim(0) : 0; }
 
     /// Throws shape_error naming the tensor (prefixed by `where`, e.g. "layers.3.mlp") on a mismatch.
     void validate(std::int64_t d_model, const std::string& where) const {
-        auto need = [&](const tensor<float>& t, std::int64_t a, std::int64_t b, const char* n) {
+        auto need = [&](const linear_weight& t, std::int64_t a, std::int64_t b, const char* n) {
             if (t.rank() != 2 || t.dim(0) != a || t.dim(1) != b)
                 throw shape_error(where + "." + n + ": expected shape " + shape_string(std::vector<std::int64_t>{a, b}) +
                                   ", found " + shape_string(t.shape()));
@@ -74,34 +75,41 @@ void swiglu(const Backend& be, const swiglu_weights& w, tensor_view<const float,
             tensor_view<float, 2> y) {
     const std::int64_t M = x.dim(0), F = w.down_proj.dim(1);
     gu.require_shape({M, 2 * F}, "swiglu: scratch");
-    linear(be, x, w.gate_up.view<2>(), nullptr, gu);
+    linear(be, x, w.gate_up, nullptr, gu);
     // Compact silu(g) ⊙ u into the first F columns of each row, then project down from that strided view.
     for (std::int64_t m = 0; m < M; ++m) {
         float* r = &gu(m, 0);
         for (std::int64_t i = 0; i < F; ++i) r[i] = silu(r[i]) * r[F + i];
     }
     tensor_view<const float, 2> act(gu.data, {M, F}, {gu.strides[0], 1});
-    linear(be, act, w.down_proj.view<2>(), nullptr, y);
+    linear(be, act, w.down_proj, nullptr, y);
 }
 
 /// Reference twin in double precision with obvious loops: x [M, d] (float or double, const or not) → y [M, d],
-/// from gate_proj/up_proj/down_proj.
+/// from gate_proj/up_proj/down_proj (16-bit weights are widened exactly into a copy first).
 template <class TX, class TY>
 void swiglu_ref(const swiglu_weights& w, tensor_view<TX, 2> x, tensor_view<TY, 2> y) {
+    if (!w.gate_proj.is_f32() || !w.up_proj.is_f32() || !w.down_proj.is_f32()) {
+        swiglu_weights wide;
+        wide.gate_proj = w.gate_proj, wide.up_proj = w.up_proj, wide.down_proj = w.down_proj;
+        for (auto* t : {&wide.gate_proj, &wide.up_proj, &wide.down_proj}) t->store_as(dtype::f32);
+        return swiglu_ref(wide, x, y);
+    }
     const std::int64_t M = x.dim(0), d = x.dim(1), F = w.gate_proj.dim(0);
+    const float *wg = w.gate_proj.data(), *wu = w.up_proj.data(), *wd = w.down_proj.data();
     std::vector<double> a(static_cast<std::size_t>(F));
     for (std::int64_t m = 0; m < M; ++m) {
         for (std::int64_t f = 0; f < F; ++f) {
             double g = 0, u = 0;
             for (std::int64_t k = 0; k < d; ++k) {
-                g += static_cast<double>(w.gate_proj[f * d + k]) * static_cast<double>(x(m, k));
-                u += static_cast<double>(w.up_proj[f * d + k]) * static_cast<double>(x(m, k));
+                g += static_cast<double>(wg[f * d + k]) * static_cast<double>(x(m, k));
+                u += static_cast<double>(wu[f * d + k]) * static_cast<double>(x(m, k));
             }
             a[static_cast<std::size_t>(f)] = silu(g) * u;
         }
         for (std::int64_t o = 0; o < d; ++o) {
             double s = 0;
-            for (std::int64_t f = 0; f < F; ++f) s += static_cast<double>(w.down_proj[o * F + f]) * a[static_cast<std::size_t>(f)];
+            for (std::int64_t f = 0; f < F; ++f) s += static_cast<double>(wd[o * F + f]) * a[static_cast<std::size_t>(f)];
             y(m, o) = static_cast<TY>(s);
         }
     }

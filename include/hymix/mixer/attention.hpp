@@ -21,6 +21,7 @@
 #include "hymix/core/error.hpp"
 #include "hymix/core/math.hpp"
 #include "hymix/core/seq_batch.hpp"
+#include "hymix/core/linear_weight.hpp"
 #include "hymix/core/tensor.hpp"
 #include "hymix/kernels/attention.hpp"
 #include "hymix/kernels/linear.hpp"
@@ -103,16 +104,16 @@ struct attention_config {
 
 /// Weights in the Hugging Face layout (no biases).
 struct attention_weights {
-    tensor<float> q_proj;  // self_attn.q_proj.weight [H·d_h·(output_gate ? 2 : 1), d]; with the gate, rows viewed [H, 2·d_h]
-    tensor<float> k_proj;  // self_attn.k_proj.weight [H_kv·d_h, d]
-    tensor<float> v_proj;  // self_attn.v_proj.weight [H_kv·d_h, d]
-    tensor<float> o_proj;  // self_attn.o_proj.weight [d, H·d_h]
+    linear_weight q_proj;  // self_attn.q_proj.weight [H·d_h·(output_gate ? 2 : 1), d]; with the gate, rows viewed [H, 2·d_h]
+    linear_weight k_proj;  // self_attn.k_proj.weight [H_kv·d_h, d]
+    linear_weight v_proj;  // self_attn.v_proj.weight [H_kv·d_h, d]
+    linear_weight o_proj;  // self_attn.o_proj.weight [d, H·d_h]
     tensor<float> q_norm;  // self_attn.q_norm.weight [d_h] (only with qk-norm)
     tensor<float> k_norm;  // self_attn.k_norm.weight [d_h] (only with qk-norm)
 
     /// Throws shape_error naming the tensor, with expected and found shapes.
     void validate(const attention_config& c) const {
-        auto need = [](const tensor<float>& t, std::vector<std::int64_t> s, const char* name) {
+        auto need = [](const auto& t, std::vector<std::int64_t> s, const char* name) {
             if (t.shape() != s)
                 throw shape_error(std::string("attention_weights: ") + name + " expected shape " + shape_string(s) + ", found " +
                                   shape_string(t.shape()));
@@ -140,7 +141,7 @@ struct attention_weights {
     /// Same tensors and shapes, all zero: the gradient accumulator of backward.
     attention_weights zeros_like() const {
         attention_weights z;
-        auto zero = [](const tensor<float>& t) { return t.data() ? tensor<float>(t.shape()) : tensor<float>(); };
+        auto zero = [](const auto& t) { return t.data() ? tensor<float>(t.shape()) : tensor<float>(); };
         z.q_proj = zero(q_proj);
         z.k_proj = zero(k_proj);
         z.v_proj = zero(v_proj);
@@ -184,7 +185,7 @@ private:
     template <class W, class F>
     static void visit(W& w, F& f) {
         const auto one = [&f](const char* name, auto& t) {
-            if (t.data()) f(std::string_view(name), t);
+            if (t.rank() > 0) f(std::string_view(name), t);  // present (a 16-bit weight has no fp32 data)
         };
         one("q_proj.weight", w.q_proj);
         one("k_proj.weight", w.k_proj);
@@ -310,10 +311,10 @@ public:
         if (N == 0) return;
 
         // 1. Projections; q (and k with qk-norm) copied out of the raw projections, which backward needs.
-        ops::linear(be, x, w_.q_proj.view<2>(), nullptr, tc.qproj.view<2>());
+        ops::linear(be, x, w_.q_proj, nullptr, tc.qproj.view<2>());
         const tensor_view<float, 2> k2(tc.k.data(), {N, kr}), v2(tc.v.data(), {N, kr});
-        ops::linear(be, x, w_.k_proj.view<2>(), nullptr, qkn ? tc.kproj.view<2>() : k2);
-        ops::linear(be, x, w_.v_proj.view<2>(), nullptr, v2);
+        ops::linear(be, x, w_.k_proj, nullptr, qkn ? tc.kproj.view<2>() : k2);
+        ops::linear(be, x, w_.v_proj, nullptr, v2);
         ops::copy(be, query_view(tc.qproj), tc.q.view<3>());
         if (qkn) ops::copy(be, tensor_view<const float, 3>(tc.kproj.data(), {N, Hkv, dh}), tc.k.view<3>());
 
@@ -347,7 +348,7 @@ public:
         // 4. Output gate on a copy of o, then o_proj.
         ensure(tc.ws_a, {N, H, dh});
         gated_output(be, tc, tc.ws_a);
-        ops::linear(be, tensor_view<const float, 2>(tc.ws_a.data(), {N, ad}), w_.o_proj.view<2>(), nullptr, y);
+        ops::linear(be, tensor_view<const float, 2>(tc.ws_a.data(), {N, ad}), w_.o_proj, nullptr, y);
     }
 
     /// Backward of forward_train over the same batch, cache `tc` and input x: dx [n_rows, d_model] is overwritten (0
@@ -543,9 +544,9 @@ private:
             ops::gather_rows(be, x, qrow_of, g);
             xq = g;
         }
-        ops::linear(be, xq, w_.q_proj.view<2>(), nullptr, q);
-        ops::linear(be, x, w_.k_proj.view<2>(), nullptr, k);
-        ops::linear(be, x, w_.v_proj.view<2>(), nullptr, v);
+        ops::linear(be, xq, w_.q_proj, nullptr, q);
+        ops::linear(be, x, w_.k_proj, nullptr, k);
+        ops::linear(be, x, w_.v_proj, nullptr, v);
 
         // 2. qk-norm, then RoPE at each row's position.
         const std::int64_t qh_stride = cfg_.output_gate ? 2 * dh : dh;
@@ -622,10 +623,10 @@ private:
             ops::mul_sigmoid(be, tensor_view<float, 3>(a.data, {Nq, H, dh}), tensor_view<const float, 3>(q.data + dh, {Nq, H, dh}, {qr, 2 * dh, 1}),
                              qcovered);
         if (dense) {
-            ops::linear(be, tensor_view<const float, 2>(a), w_.o_proj.view<2>(), nullptr, y);
+            ops::linear(be, tensor_view<const float, 2>(a), w_.o_proj, nullptr, y);
         } else {
             tensor_view<float, 2> yq(a.data + Nq * ad + Nq * d, {Nq, d});
-            ops::linear(be, tensor_view<const float, 2>(a), w_.o_proj.view<2>(), nullptr, yq);
+            ops::linear(be, tensor_view<const float, 2>(a), w_.o_proj, nullptr, yq);
             ops::zero_rows(be, y, std::vector<unsigned char>(static_cast<std::size_t>(N), 0));
             ops::scatter_rows(be, tensor_view<const float, 2>(yq), qrow_of, y);
         }

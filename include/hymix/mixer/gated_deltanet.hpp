@@ -24,6 +24,7 @@
 #include "hymix/core/error.hpp"
 #include "hymix/core/math.hpp"
 #include "hymix/core/seq_batch.hpp"
+#include "hymix/core/linear_weight.hpp"
 #include "hymix/core/tensor.hpp"
 #include "hymix/kernels/gated_delta.hpp"
 #include "hymix/kernels/linear.hpp"
@@ -86,19 +87,19 @@ struct gated_deltanet_config {
 
 /// Weights of one layer, fp32, Hugging Face [out, in] layout (names of Qwen3.5 `model.layers.{i}.linear_attn.*`).
 struct gated_deltanet_weights {
-    tensor<float> in_proj_qkv;    // in_proj_qkv.weight [2·key_dim + value_dim, d], rows [q | k | v]
-    tensor<float> in_proj_z;      // in_proj_z.weight   [value_dim, d]  (gate of the output norm)
-    tensor<float> in_proj_b;      // in_proj_b.weight   [H_v, d]        (β pre-activation)
-    tensor<float> in_proj_a;      // in_proj_a.weight   [H_v, d]        (decay pre-activation)
+    linear_weight in_proj_qkv;    // in_proj_qkv.weight [2·key_dim + value_dim, d], rows [q | k | v]
+    linear_weight in_proj_z;      // in_proj_z.weight   [value_dim, d]  (gate of the output norm)
+    linear_weight in_proj_b;      // in_proj_b.weight   [H_v, d]        (β pre-activation)
+    linear_weight in_proj_a;      // in_proj_a.weight   [H_v, d]        (decay pre-activation)
     tensor<float> conv1d_weight;  // conv1d.weight [conv_dim, 1, K] stored [conv_dim, K]; no bias
     tensor<float> dt_bias;        // dt_bias [H_v]
     tensor<float> A_log;          // A_log   [H_v]
     tensor<float> norm_weight;    // norm.weight [d_v], plain w shared by all heads
-    tensor<float> out_proj;       // out_proj.weight [d, value_dim]
+    linear_weight out_proj;       // out_proj.weight [d, value_dim]
 
     /// Throws shape_error naming the first tensor whose shape differs from the config.
     void validate(const gated_deltanet_config& c) const {
-        auto need = [](const tensor<float>& t, std::vector<std::int64_t> want, const char* name) {
+        auto need = [](const auto& t, std::vector<std::int64_t> want, const char* name) {
             if (t.shape() != want)
                 throw shape_error(std::string("gated_deltanet_weights: ") + name + ": expected shape " + shape_string(want) +
                                   ", found " + shape_string(t.shape()));
@@ -119,36 +120,49 @@ struct gated_deltanet_weights {
     /// [conv_dim, 1, K] without its unit axis).
     template <class F>
     void for_each(F&& f) {
-        for (const auto& [name, field] : fields())
-            if ((this->*field).rank() > 0) f(std::string_view(name), this->*field);
+        visit(*this, f);
     }
     template <class F>
     void for_each(F&& f) const {
-        for (const auto& [name, field] : fields())
-            if ((this->*field).rank() > 0) f(std::string_view(name), this->*field);
+        visit(*this, f);
     }
 
-    /// Weights of the same shapes, all zero (gradient accumulators).
+    /// Weights of the same shapes, all zero (gradient accumulators); fp32 weights only (value_error otherwise).
     gated_deltanet_weights zeros_like() const {
         gated_deltanet_weights z;
-        for (const auto& [name, field] : fields())
-            if ((this->*field).rank() > 0) z.*field = tensor<float>((this->*field).shape());
+        // t.data() throws for a 16-bit weight: gradients are for fp32 weights.
+        auto zero = [](const auto& t) { return t.rank() > 0 && t.data() ? tensor<float>(t.shape()) : tensor<float>(); };
+        z.in_proj_qkv = zero(in_proj_qkv);
+        z.in_proj_z = zero(in_proj_z);
+        z.in_proj_b = zero(in_proj_b);
+        z.in_proj_a = zero(in_proj_a);
+        z.conv1d_weight = zero(conv1d_weight);
+        z.dt_bias = zero(dt_bias);
+        z.A_log = zero(A_log);
+        z.norm_weight = zero(norm_weight);
+        z.out_proj = zero(out_proj);
         return z;
     }
 
-    /// The tensors and their names, in for_each's order.
-    static constexpr std::array<std::pair<const char*, tensor<float> gated_deltanet_weights::*>, 9> fields() {
-        return {{{"in_proj_qkv.weight", &gated_deltanet_weights::in_proj_qkv},
-                 {"in_proj_z.weight", &gated_deltanet_weights::in_proj_z},
-                 {"in_proj_b.weight", &gated_deltanet_weights::in_proj_b},
-                 {"in_proj_a.weight", &gated_deltanet_weights::in_proj_a},
-                 {"conv1d.weight", &gated_deltanet_weights::conv1d_weight},
-                 {"dt_bias", &gated_deltanet_weights::dt_bias},
-                 {"A_log", &gated_deltanet_weights::A_log},
-                 {"norm.weight", &gated_deltanet_weights::norm_weight},
-                 {"out_proj.weight", &gated_deltanet_weights::out_proj}}};
+private:
+    /// f(name, tensor) for every present tensor, in for_each's order (a linear_weight passed as itself).
+    template <class Self, class F>
+    static void visit(Self& w, F&& f) {
+        auto v = [&](const char* name, auto& t) {
+            if (t.rank() > 0) f(std::string_view(name), t);
+        };
+        v("in_proj_qkv.weight", w.in_proj_qkv);
+        v("in_proj_z.weight", w.in_proj_z);
+        v("in_proj_b.weight", w.in_proj_b);
+        v("in_proj_a.weight", w.in_proj_a);
+        v("conv1d.weight", w.conv1d_weight);
+        v("dt_bias", w.dt_bias);
+        v("A_log", w.A_log);
+        v("norm.weight", w.norm_weight);
+        v("out_proj.weight", w.out_proj);
     }
 
+public:
     /// Random weights with the Qwen3.5 initialisation (spec.md §4.5): linears N(0, 0.02), dt_bias = 1,
     /// A_log = log U(0.01, 16), norm weight 1; conv weights U(−1/√K, 1/√K) (PyTorch's default for a depthwise conv).
     static gated_deltanet_weights random(const gated_deltanet_config& c, std::uint64_t seed) {
@@ -349,10 +363,10 @@ private:
         const auto qkv = take(CD), qkvc = take(CD), z = take(VD), o = take(VD), braw = take(Hv), araw = take(Hv),
                    g = take(Hv), beta = take(Hv);
         // 1. Projections on every row (padding rows are computed and discarded).
-        ops::linear(be, x, w_.in_proj_qkv.view<2>(), nullptr, qkv);
-        ops::linear(be, x, w_.in_proj_z.view<2>(), nullptr, z);
-        ops::linear(be, x, w_.in_proj_b.view<2>(), nullptr, braw);
-        ops::linear(be, x, w_.in_proj_a.view<2>(), nullptr, araw);
+        ops::linear(be, x, w_.in_proj_qkv, nullptr, qkv);
+        ops::linear(be, x, w_.in_proj_z, nullptr, z);
+        ops::linear(be, x, w_.in_proj_b, nullptr, braw);
+        ops::linear(be, x, w_.in_proj_a, nullptr, araw);
         // 2. Causal depthwise conv + SiLU per valid sequence, carrying its conv state, then L2 norms of the q and k
         //    heads (eps inside the sqrt) fused in the conv op. Prefill writes head-major buffers (q, k heads
         //    [2·H_k, n, d_k], then v heads [H_v, n, d_v]; one problem per (sequence, head)) so the chunked kernel
@@ -412,7 +426,7 @@ private:
                             w_.norm_weight.data(), dv, kernels::gate_order::norm_then_gate, c.norm_eps,
                             tensor_view<float, 3>(on.data, {n, Hv, dv}));
         // 6. Output projection, then zero the rows of padding and invalid entries.
-        ops::linear(be, tensor_view<const float, 2>(on), w_.out_proj.view<2>(), nullptr, y);
+        ops::linear(be, tensor_view<const float, 2>(on), w_.out_proj, nullptr, y);
         ops::zero_rows(be, y, vb.live());
     }
 
@@ -482,10 +496,10 @@ void gated_deltanet::forward_train(const B& be, const seq_batch& batch, tensor_v
     const tensor_view<float, 2> qkv(tc.qkv.data(), {n, CD}), z(tc.z.data(), {n, VD}), araw(tc.a_raw.data(), {n, Hv}),
         braw(tc.b_raw.data(), {n, Hv}), g(tc.g.data(), {n, Hv}), beta(tc.beta.data(), {n, Hv}), on(tc.on.data(), {n, VD});
     // 1. Projections; rows outside every sequence are zeroed so nothing there (padding, NaN) reaches the gradients.
-    ops::linear(be, x, w_.in_proj_qkv.view<2>(), nullptr, qkv);
-    ops::linear(be, x, w_.in_proj_z.view<2>(), nullptr, z);
-    ops::linear(be, x, w_.in_proj_b.view<2>(), nullptr, braw);
-    ops::linear(be, x, w_.in_proj_a.view<2>(), nullptr, araw);
+    ops::linear(be, x, w_.in_proj_qkv, nullptr, qkv);
+    ops::linear(be, x, w_.in_proj_z, nullptr, z);
+    ops::linear(be, x, w_.in_proj_b, nullptr, braw);
+    ops::linear(be, x, w_.in_proj_a, nullptr, araw);
     for (const auto& t : {qkv, z, braw, araw}) ops::zero_rows(be, t, keep);
     // 2. Conv + SiLU (+ L2 of q, k heads) from zero conv states into head-major blocks, one problem per (sequence, head).
     const detail::gdn_blocks blk{Hk, Hv, dk, dv};
@@ -532,7 +546,7 @@ void gated_deltanet::forward_train(const B& be, const seq_batch& batch, tensor_v
                         kernels::gate_order::norm_then_gate, c.norm_eps, tensor_view<float, 3>(on.data, {n, Hv, dv}));
     ops::zero_rows(be, on, keep);
     // 6. Output projection.
-    ops::linear(be, tensor_view<const float, 2>(on), w_.out_proj.view<2>(), nullptr, y);
+    ops::linear(be, tensor_view<const float, 2>(on), w_.out_proj, nullptr, y);
     ops::zero_rows(be, y, keep);
 }
 

@@ -21,6 +21,7 @@
 #include "hymix/core/error.hpp"
 #include "hymix/core/math.hpp"
 #include "hymix/core/seq_batch.hpp"
+#include "hymix/core/linear_weight.hpp"
 #include "hymix/core/tensor.hpp"
 #include "hymix/kernels/ssd.hpp"
 #include "hymix/ops/conv1d.hpp"
@@ -104,7 +105,8 @@ struct mamba2_config {
 };
 
 namespace detail {
-inline void require_weight(const tensor<float>& t, const std::vector<std::int64_t>& expected, const char* name) {
+template <class W>  // tensor<float> or linear_weight (its stored shape)
+inline void require_weight(const W& t, const std::vector<std::int64_t>& expected, const char* name) {
     if (t.shape() != expected)
         throw shape_error(std::string("mamba2 weights: ") + name + ": expected shape " + shape_string(expected) + ", found " +
                           shape_string(t.shape()));
@@ -113,7 +115,7 @@ inline void require_weight(const tensor<float>& t, const std::vector<std::int64_
 
 /// Parameters of one Mamba-2 layer, fp32, names as in HF `backbone.layers.{i}.mixer.*`.
 struct mamba2_weights {
-    tensor<float> in_proj;        // in_proj.weight  [2·d_inner + 2GN + H, d]
+    linear_weight in_proj;        // in_proj.weight  [2·d_inner + 2GN + H, d]
     tensor<float> in_proj_bias;   // in_proj.bias    [2·d_inner + 2GN + H]   (only if proj_bias)
     tensor<float> conv1d_weight;  // conv1d.weight   [conv_dim, K]           (checkpoint [conv_dim, 1, K])
     tensor<float> conv1d_bias;    // conv1d.bias     [conv_dim]              (only if conv_bias)
@@ -121,7 +123,7 @@ struct mamba2_weights {
     tensor<float> A_log;          // A_log           [H]
     tensor<float> D;              // D               [H] (or [d_inner] if D_has_hdim)
     tensor<float> norm_weight;    // norm.weight     [d_inner]
-    tensor<float> out_proj;       // out_proj.weight [d, d_inner]
+    linear_weight out_proj;       // out_proj.weight [d, d_inner]
     tensor<float> out_proj_bias;  // out_proj.bias   [d]                     (only if proj_bias)
 
     /// Calls f(name, tensor) for every present (allocated) tensor, with its HF name relative to the mixer
@@ -138,7 +140,7 @@ struct mamba2_weights {
     /// Zero tensors of the same shapes (absent tensors stay absent): a gradient accumulator.
     mamba2_weights zeros_like() const {
         mamba2_weights z;
-        const auto zero = [](const tensor<float>& t) { return t.data() ? tensor<float>(t.shape()) : tensor<float>(); };
+        const auto zero = [](const auto& t) { return t.data() ? tensor<float>(t.shape()) : tensor<float>(); };
         z.in_proj = zero(in_proj);
         z.in_proj_bias = zero(in_proj_bias);
         z.conv1d_weight = zero(conv1d_weight);
@@ -212,7 +214,7 @@ private:
     template <class Self, class F>
     static void visit(Self& w, F& f) {
         const auto v = [&](std::string_view name, auto& t) {
-            if (t.data()) f(name, t);
+            if (t.rank() > 0) f(name, t);  // present (a 16-bit weight has no fp32 data)
         };
         v("in_proj.weight", w.in_proj);
         v("in_proj.bias", w.in_proj_bias);
@@ -424,7 +426,7 @@ private:
         // 1. zxbcdt = x W_inᵀ  [Rp, 2·d_inner + 2GN + H] = [z | xBC | dt]
         float* zx = ws.take(std::size_t(Rp * np));
         tensor_view<float, 2> zxv(zx, {Rp, np});
-        ops::linear(be, xin, w_.in_proj.view<2>(), cfg_.proj_bias ? w_.in_proj_bias.data() : nullptr, zxv);
+        ops::linear(be, xin, w_.in_proj, cfg_.proj_bias ? w_.in_proj_bias.data() : nullptr, zxv);
 
         // 2. xBC ← silu(conv(xBC) + b), one problem per (sequence, channel block); the conv state slot is updated.
         float* xbc = ws.take(std::size_t(Rp * cd));
@@ -475,7 +477,7 @@ private:
                             tensor_view<float, 3>(ys, {Rp, ng, gs}));
 
         // 6. out = y' W_outᵀ, scattered back to the caller's rows.
-        ops::linear(be, tensor_view<const float, 2>(ys, {Rp, di}), w_.out_proj.view<2>(),
+        ops::linear(be, tensor_view<const float, 2>(ys, {Rp, di}), w_.out_proj,
                     cfg_.proj_bias ? w_.out_proj_bias.data() : nullptr, yout);
         if (!in_place) ops::scatter_rows(be, tensor_view<const float, 2>(yout), rows, y);
     }
@@ -534,7 +536,7 @@ public:
             yout = tensor_view<float, 2>(ws.take(std::size_t(Rp * d)), {Rp, d});
         }
         float* zx = tc.zxbcdt.data();
-        ops::linear(be, xin, w_.in_proj.view<2>(), cfg_.proj_bias ? w_.in_proj_bias.data() : nullptr, tensor_view<float, 2>(zx, {Rp, np}));
+        ops::linear(be, xin, w_.in_proj, cfg_.proj_bias ? w_.in_proj_bias.data() : nullptr, tensor_view<float, 2>(zx, {Rp, np}));
         std::vector<ops::conv_problem<>> convs;
         for_each_conv_block(tc, [&](std::int64_t r, std::int64_t len, std::int64_t c0, std::int64_t cn) {
             ops::conv_problem<> p;
@@ -555,7 +557,7 @@ public:
                          tensor_view<float, 3>(tc.y.data(), {Rp, H, cfg_.head_dim}));
         float* yn = ws.take(std::size_t(Rp * di));
         gated_norm(be, tc, yn);
-        ops::linear(be, tensor_view<const float, 2>(yn, {Rp, di}), w_.out_proj.view<2>(), cfg_.proj_bias ? w_.out_proj_bias.data() : nullptr,
+        ops::linear(be, tensor_view<const float, 2>(yn, {Rp, di}), w_.out_proj, cfg_.proj_bias ? w_.out_proj_bias.data() : nullptr,
                     yout);
         if (!dense) ops::scatter_rows(be, tensor_view<const float, 2>(yout), tc.rows, y);
     }

@@ -301,15 +301,15 @@ private:
     template <host_backend B>
     void project(const B& be, tensor_view<const float, 2> x, tensor_view<float, 2> qlp, tensor_view<float, 2> kp, tensor_view<float, 2> vp,
                  tensor_view<float, 2> g, tensor_view<float, 2> ga, tensor_view<float, 2> gb) const {
-        ops::linear(be, x, w_.q_lin_proj.view<2>(), nullptr, qlp);
-        ops::linear(be, x, w_.k_proj.view<2>(), nullptr, kp);
-        ops::linear(be, x, w_.v_proj.view<2>(), nullptr, vp);
-        ops::linear(be, x, w_.g_proj.view<2>(), nullptr, g);
+        ops::linear(be, x, w_.q_lin_proj, nullptr, qlp);
+        ops::linear(be, x, w_.k_proj, nullptr, kp);
+        ops::linear(be, x, w_.v_proj, nullptr, vp);
+        ops::linear(be, x, w_.g_proj, nullptr, g);
         if (cfg_.is_gdn()) {
-            ops::linear(be, x, w_.a_proj.view<2>(), nullptr, ga);
-            ops::linear(be, x, w_.b_proj.view<2>(), nullptr, gb);
+            ops::linear(be, x, w_.a_proj, nullptr, ga);
+            ops::linear(be, x, w_.b_proj, nullptr, gb);
         } else {
-            ops::linear(be, x, w_.dt_proj.view<2>(), nullptr, ga);
+            ops::linear(be, x, w_.dt_proj, nullptr, ga);
         }
     }
 
@@ -406,11 +406,11 @@ private:
     template <host_backend B>
     void attention_queries(const B& be, const detail::oryx_plan& p, tensor_view<const float, 2> x, tensor_view<float, 2> qa) const {
         if (p.dense_q()) {
-            ops::linear(be, x, w_.q_attn_proj.view<2>(), nullptr, qa);
+            ops::linear(be, x, w_.q_attn_proj, nullptr, qa);
         } else {
             tensor<float> xq({p.nq(), cfg_.d_model});
             ops::gather_rows(be, x, p.qrow_of, xq.view<2>());
-            ops::linear(be, tensor_view<const float, 2>(xq.view<2>()), w_.q_attn_proj.view<2>(), nullptr, qa);
+            ops::linear(be, tensor_view<const float, 2>(xq.view<2>()), w_.q_attn_proj, nullptr, qa);
         }
         ops::rope(be, detail::oryx_heads(qa, cfg_.n_heads, cfg_.head_dim), p.qpos, kernels::rope_mode::rotate_half, cfg_.rope_theta,
                   cfg_.head_dim);
@@ -428,7 +428,7 @@ private:
     void output(const B& be, const detail::oryx_plan& p, tensor_view<const float, 2> o, tensor_view<const float, 2> g, tensor_view<float, 2> on,
                 tensor_view<float, 2> y) const {
         output_norm(be, o, g, on);
-        ops::linear(be, tensor_view<const float, 2>(on), w_.o_proj.view<2>(), nullptr, y);
+        ops::linear(be, tensor_view<const float, 2>(on), w_.o_proj, nullptr, y);
         ops::zero_rows(be, y, std::span<const unsigned char>(p.live));
     }
 

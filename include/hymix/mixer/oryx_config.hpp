@@ -9,10 +9,12 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "hymix/core/error.hpp"
+#include "hymix/core/linear_weight.hpp"
 #include "hymix/core/tensor.hpp"
 #include "hymix/mixer/kv_cache.hpp"
 #include "hymix/schedule/mode_schedule.hpp"
@@ -69,19 +71,22 @@ struct oryx_config {
 /// instance's are absent (rank 0).
 template <class T>
 struct basic_oryx_weights {
-    tensor<T> q_attn_proj;  // q_attn_proj.weight [H·d_h, d]   W_Q^attn
-    tensor<T> q_lin_proj;   // q_lin_proj.weight  [H·d_h, d]   W_Q^lin
-    tensor<T> k_proj;       // k_proj.weight      [H·d_h, d]   W_K (tied)
-    tensor<T> v_proj;       // v_proj.weight      [H·d_h, d]   W_V (tied)
-    tensor<T> g_proj;       // g_proj.weight      [H·d_h, d]   W_G (tied; gate of o_norm)
-    tensor<T> o_proj;       // o_proj.weight      [d, H·d_h]   W_O (tied)
+    /// The projections' type: a linear_weight for fp32 (so inference may keep them as bf16 / f16), tensor<T> else.
+    using proj_type = std::conditional_t<std::is_same_v<T, float>, linear_weight, tensor<T>>;
+
+    proj_type q_attn_proj;  // q_attn_proj.weight [H·d_h, d]   W_Q^attn
+    proj_type q_lin_proj;   // q_lin_proj.weight  [H·d_h, d]   W_Q^lin
+    proj_type k_proj;       // k_proj.weight      [H·d_h, d]   W_K (tied)
+    proj_type v_proj;       // v_proj.weight      [H·d_h, d]   W_V (tied)
+    proj_type g_proj;       // g_proj.weight      [H·d_h, d]   W_G (tied; gate of o_norm)
+    proj_type o_proj;       // o_proj.weight      [d, H·d_h]   W_O (tied)
     tensor<T> o_norm;       // o_norm.weight      [d_h]        shared by every head (tied)
     tensor<T> conv_q;       // q_conv1d.weight    [H·d_h, 1, K] stored [H·d_h, K]; no bias (linear query)
     tensor<T> conv_k;       // k_conv1d.weight    [H·d_h, K] (tied)
     tensor<T> conv_v;       // v_conv1d.weight    [H·d_h, K] (tied)
-    tensor<T> a_proj;       // GDN: a_proj.weight [H, d]  decay pre-activation
-    tensor<T> b_proj;       // GDN: b_proj.weight [H, d]  β pre-activation
-    tensor<T> dt_proj;      // Mamba-2: dt_proj.weight [H, d]
+    proj_type a_proj;       // GDN: a_proj.weight [H, d]  decay pre-activation
+    proj_type b_proj;       // GDN: b_proj.weight [H, d]  β pre-activation
+    proj_type dt_proj;      // Mamba-2: dt_proj.weight [H, d]
     tensor<T> A_log;        // A_log [H]
     tensor<T> dt_bias;      // dt_bias [H]
     tensor<T> D;            // Mamba-2: D [H]
@@ -203,7 +208,7 @@ struct basic_oryx_weights {
     template <class U>
     basic_oryx_weights<U> cast() const {
         basic_oryx_weights<U> r;
-        auto conv = [](const tensor<T>& s) {
+        auto conv = [](const auto& s) {
             if (s.rank() == 0) return tensor<U>();
             tensor<U> t(s.shape());
             std::transform(s.data(), s.data() + s.numel(), t.data(), [](T v) { return static_cast<U>(v); });

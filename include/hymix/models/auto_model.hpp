@@ -12,12 +12,14 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "hymix/backend/cpu.hpp"
 #include "hymix/backend/reference.hpp"
 #include "hymix/core/error.hpp"
+#include "hymix/core/linear_weight.hpp"
 #include "hymix/core/seq_batch.hpp"
 #include "hymix/core/tensor.hpp"
 #include "hymix/schedule/layer_schedule.hpp"
@@ -56,6 +58,9 @@ struct any_stack {
     virtual void forward(const B&, any_cache&, const seq_batch&, std::span<const std::int32_t>, tensor_view<float, 2>,
                          bool last_only, std::span<const unsigned char> modes) const = 0;
     virtual const std::vector<block_stats>& stats(any_cache&) const = 0;
+    virtual void store_weights_as(dtype) = 0;
+    virtual dtype weight_dtype() const = 0;
+    virtual std::size_t weight_bytes() = 0;  // reads only (for_each_param has no const form)
 };
 
 template <class B, class Stack>
@@ -86,6 +91,18 @@ struct stack_holder final : any_stack<B> {
         c.pos[static_cast<std::size_t>(t)] = c.pos[static_cast<std::size_t>(f)];
     }
     const std::vector<block_stats>& stats(any_cache& c) const override { return get(c).c.stats(); }
+    void store_weights_as(dtype d) override { m.store_weights_as(d); }
+    dtype weight_dtype() const override { return m.weight_dtype(); }
+    std::size_t weight_bytes() override {
+        std::size_t n = 0;
+        m.for_each_param([&](const std::string&, const auto& t) {
+            if constexpr (std::is_same_v<std::remove_cvref_t<decltype(t)>, linear_weight>)
+                n += t.stored_bytes();
+            else
+                n += static_cast<std::size_t>(t.numel()) * sizeof(float);
+        });
+        return n;
+    }
     void forward(const B& be, any_cache& c, const seq_batch& b, std::span<const std::int32_t> tok,
                  tensor_view<float, 2> logits, bool last_only, std::span<const unsigned char> modes) const override {
         if (last_only)
@@ -192,6 +209,17 @@ public:
     }
 
     const model_info& info() const noexcept { return info_; }
+
+    /// Keeps every projection weight (mixers, MLPs, embedding, LM head) as `d` for inference: bf16 or f16 halve the
+    /// bytes a decode step streams; each projection then gives the bits of the f32 model on the rounded weights
+    /// (model::store_weights_as). f32 widens back exactly. Weights load as fp32 first (a bf16 checkpoint's values are
+    /// kept exactly by bf16). Throws value_error naming the tensor where a value overflows f16 (nothing is converted
+    /// then), config_error for another dtype.
+    void store_weights_as(dtype d) { impl_->store_weights_as(d); }
+    /// The projection weights' storage type (f32 unless store_weights_as changed it).
+    dtype weight_dtype() const { return impl_->weight_dtype(); }
+    /// Bytes of every parameter as stored (16-bit projections count 2 bytes per value).
+    std::size_t weight_bytes() const { return impl_->weight_bytes(); }
     /// Statistics of the gated blocks of the last forward call on cache `c` (one entry per gated block: layer, gate,
     /// rows, fired rows and per-row scores such as AMOR's normalised entropies). Empty for ungated models.
     const std::vector<block_stats>& stats(cache& c) const { return impl_->stats(*checked(c)); }

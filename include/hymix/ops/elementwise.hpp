@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <concepts>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -12,7 +13,9 @@
 
 #include <xsimd/xsimd.hpp>
 
+#include "hymix/core/convert.hpp"
 #include "hymix/core/error.hpp"
+#include "hymix/core/linear_weight.hpp"
 #include "hymix/core/math.hpp"
 #include "hymix/ops/common.hpp"
 
@@ -33,6 +36,12 @@ template <backend B>
 void embedding(const B& be, view_of<B, const float, 2> table, std::span<const std::int32_t> tokens,
                std::span<const unsigned char> mask, view_of<B, float, 2> x) {
     dispatch<embedding_op>(be, table, tokens, mask, x);
+}
+/// The same from a host linear_weight table, read as stored (16-bit rows are widened exactly).
+template <host_backend B, std::same_as<linear_weight> W>
+void embedding(const B& be, const W& table, std::span<const std::int32_t> tokens, std::span<const unsigned char> mask,
+               view_of<B, float, 2> x) {
+    table.template visit_stored<2>([&]<class T>(tensor_view<const T, 2> t) { dispatch<embedding_op>(be, t, tokens, mask, x); });
 }
 
 /// dst[i, :] = src[rows[i], :] (rows[i] < 0: zeros). src [n, d], dst [m, d], rows [m].
@@ -85,13 +94,14 @@ inline void check_unit_inner(std::int64_t stride, std::int64_t width, const char
 
 /// The host implementations shared by the CPU and reference backends (pure data movement is exact on both).
 struct host_moves {
-    static void embedding(tensor_view<const float, 2> table, std::span<const std::int32_t> tokens, std::span<const unsigned char> mask,
+    template <class T>
+    static void embedding(tensor_view<const T, 2> table, std::span<const std::int32_t> tokens, std::span<const unsigned char> mask,
                           tensor_view<float, 2> x, std::int64_t r0, std::int64_t r1) {
         const std::int64_t d = x.dim(1);
         for (std::int64_t r = r0; r < r1; ++r) {
             const auto i = static_cast<std::size_t>(r);
             if (mask[i])
-                std::copy_n(&table(tokens[i], 0), d, &x(r, 0));
+                convert(&table(tokens[i], 0), &x(r, 0), static_cast<std::size_t>(d));
             else
                 std::fill_n(&x(r, 0), d, 0.f);
         }
@@ -124,11 +134,28 @@ struct host_moves {
             for (std::int64_t b = 0; b < Bn; ++b)
                 std::memcpy(&dst(a, b, 0), &src(a, b, 0), sizeof(float) * static_cast<std::size_t>(C));
     }
+    /// Row counts, the table's width against x's, unit inner strides (rows are copied as contiguous runs).
+    template <class T>
+    static void check_embedding(tensor_view<const T, 2> table, std::size_t n_tokens, std::size_t n_mask, tensor_view<float, 2> x) {
+        check_rows(x.dim(0), n_tokens, "embedding", "tokens");
+        check_rows(x.dim(0), n_mask, "embedding", "mask");
+        if (table.dim(1) != x.dim(1))
+            throw shape_error("embedding: the table has " + std::to_string(table.dim(1)) + " columns, x " + std::to_string(x.dim(1)));
+        check_unit_inner(table.strides[1], table.dim(1), "embedding", "table");
+        check_unit_inner(x.strides[1], x.dim(1), "embedding", "x");
+    }
+    /// Row count and unit inner stride of a masked row op's output.
+    static void check_masked(tensor_view<const float, 2> y, std::size_t n_mask, const char* who, const char* what, const char* mask_name) {
+        check_rows(y.dim(0), n_mask, who, mask_name);
+        check_unit_inner(y.strides[1], y.dim(1), who, what);
+    }
     static void check_gather(tensor_view<const float, 2> src, std::span<const std::int64_t> rows, tensor_view<float, 2> dst,
                              bool gather) {
         const char* who = gather ? "gather_rows" : "scatter_rows";
         if (src.dim(1) != dst.dim(1))
             throw shape_error(std::string(who) + ": src has " + std::to_string(src.dim(1)) + " columns, dst " + std::to_string(dst.dim(1)));
+        check_unit_inner(src.strides[1], src.dim(1), who, "src");
+        check_unit_inner(dst.strides[1], dst.dim(1), who, "dst");
         check_rows(gather ? dst.dim(0) : src.dim(0), rows.size(), who, "rows");
         const std::int64_t lim = gather ? src.dim(0) : dst.dim(0);
         for (auto r : rows)
@@ -141,10 +168,10 @@ struct host_moves {
 
 template <class Arch>
 struct op_impl<ops::embedding_op, basic_cpu_backend<Arch>> {
-    static void run(const basic_cpu_backend<Arch>& be, tensor_view<const float, 2> table, std::span<const std::int32_t> tokens,
+    template <class T>
+    static void run(const basic_cpu_backend<Arch>& be, tensor_view<const T, 2> table, std::span<const std::int32_t> tokens,
                     std::span<const unsigned char> mask, tensor_view<float, 2> x) {
-        detail::check_rows(x.dim(0), tokens.size(), "embedding", "tokens");
-        detail::check_rows(x.dim(0), mask.size(), "embedding", "mask");
+        detail::host_moves::check_embedding(table, tokens.size(), mask.size(), x);
         be.parallel_for(x.dim(0), 256, [&](std::int64_t r0, std::int64_t r1) { detail::host_moves::embedding(table, tokens, mask, x, r0, r1); });
     }
 };
@@ -167,7 +194,7 @@ struct op_impl<ops::scatter_rows_op, basic_cpu_backend<Arch>> {
 template <class Arch>
 struct op_impl<ops::zero_rows_op, basic_cpu_backend<Arch>> {
     static void run(const basic_cpu_backend<Arch>&, tensor_view<float, 2> y, std::span<const unsigned char> keep) {
-        detail::check_rows(y.dim(0), keep.size(), "zero_rows", "keep");
+        detail::host_moves::check_masked(y, keep.size(), "zero_rows", "y", "keep");
         detail::host_moves::zero(y, keep, 0, y.dim(0));
     }
 };
@@ -176,7 +203,8 @@ struct op_impl<ops::add_rows_op, basic_cpu_backend<Arch>> {
     static void run(const basic_cpu_backend<Arch>&, tensor_view<float, 2> x, tensor_view<const float, 2> y,
                     std::span<const unsigned char> mask) {
         y.require_shape(x.shape, "add_rows", "y");
-        detail::check_rows(x.dim(0), mask.size(), "add_rows", "mask");
+        detail::host_moves::check_masked(x, mask.size(), "add_rows", "x", "mask");
+        detail::check_unit_inner(y.strides[1], y.dim(1), "add_rows", "y");
         const std::int64_t d = x.dim(1);
         for (std::int64_t r = 0; r < x.dim(0); ++r) {
             if (!mask[static_cast<std::size_t>(r)]) continue;
@@ -226,10 +254,10 @@ struct op_impl<ops::mul_sigmoid_op, basic_cpu_backend<Arch>> {
 
 template <>
 struct op_impl<ops::embedding_op, reference_backend> {
-    static void run(const reference_backend&, tensor_view<const float, 2> table, std::span<const std::int32_t> tokens,
+    template <class T>
+    static void run(const reference_backend&, tensor_view<const T, 2> table, std::span<const std::int32_t> tokens,
                     std::span<const unsigned char> mask, tensor_view<float, 2> x) {
-        detail::check_rows(x.dim(0), tokens.size(), "embedding", "tokens");
-        detail::check_rows(x.dim(0), mask.size(), "embedding", "mask");
+        detail::host_moves::check_embedding(table, tokens.size(), mask.size(), x);
         detail::host_moves::embedding(table, tokens, mask, x, 0, x.dim(0));
     }
 };
@@ -250,7 +278,7 @@ struct op_impl<ops::scatter_rows_op, reference_backend> {
 template <>
 struct op_impl<ops::zero_rows_op, reference_backend> {
     static void run(const reference_backend&, tensor_view<float, 2> y, std::span<const unsigned char> keep) {
-        detail::check_rows(y.dim(0), keep.size(), "zero_rows", "keep");
+        detail::host_moves::check_masked(y, keep.size(), "zero_rows", "y", "keep");
         detail::host_moves::zero(y, keep, 0, y.dim(0));
     }
 };
@@ -258,7 +286,8 @@ template <>
 struct op_impl<ops::add_rows_op, reference_backend> {
     static void run(const reference_backend&, tensor_view<float, 2> x, tensor_view<const float, 2> y, std::span<const unsigned char> mask) {
         y.require_shape(x.shape, "add_rows", "y");
-        detail::check_rows(x.dim(0), mask.size(), "add_rows", "mask");
+        detail::host_moves::check_masked(x, mask.size(), "add_rows", "x", "mask");
+        detail::check_unit_inner(y.strides[1], y.dim(1), "add_rows", "y");
         for (std::int64_t r = 0; r < x.dim(0); ++r)
             if (mask[static_cast<std::size_t>(r)])
                 for (std::int64_t i = 0; i < x.dim(1); ++i) x(r, i) = static_cast<float>(double(x(r, i)) + double(y(r, i)));

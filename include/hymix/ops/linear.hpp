@@ -29,6 +29,14 @@ void linear(const B& be, view_of<B, const float, 2> x, view_of<B, const f16, 2> 
     dispatch<linear_op>(be, x, w, bias, y);
 }
 
+/// The same with a host linear_weight, read as it is stored (f32, bf16 or f16): the f32 overload's result on the
+/// stored values. Throws shape_error on mismatched shapes.
+/// (W is deduced so that a tensor<float> argument still picks the f32 overload without ambiguity.)
+template <host_backend B, std::same_as<linear_weight> W>
+void linear(const B& be, view_of<B, const float, 2> x, const W& w, const float* bias, view_of<B, float, 2> y) {
+    w.template visit_stored<2>([&]<class TW>(tensor_view<const TW, 2> wv) { dispatch<linear_op>(be, x, wv, bias, y); });
+}
+
 }  // namespace ops
 
 template <class Arch>

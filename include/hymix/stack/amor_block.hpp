@@ -94,7 +94,7 @@ public:
     template <class F>
     void for_each_param(const std::string& prefix, F&& f) {
         f(prefix + ".norm", norm_);
-        attn_.weights_mut().for_each([&](std::string_view n, tensor<float>& t) { f(prefix + ".mixer." + std::string(n), t); });
+        attn_.weights_mut().for_each([&](std::string_view n, auto& t) { f(prefix + ".mixer." + std::string(n), t); });
         f(prefix + ".raw_alpha", raw_alpha_);
     }
     void weights_changed() {}

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "hymix/core/linear_weight.hpp"
 #include "hymix/core/seq_batch.hpp"
 #include "hymix/core/tensor.hpp"
 #include "hymix/kernels/norm.hpp"
@@ -21,7 +22,7 @@ template <class B>
 struct block_context {
     const B& be;
     const validated_batch& batch;
-    tensor_view<const float, 2> head;        // [V, d] LM head (the embedding when tied)
+    const linear_weight& head;               // [V, d] LM head (the embedding when tied), f32 or 16-bit
     const float* final_norm = nullptr;       // [d]
     float norm_eps = 1e-5f;                  // stack norm eps
     kernels::rms_flavor norm_flavor = kernels::rms_flavor::plain;

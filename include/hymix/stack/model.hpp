@@ -31,6 +31,7 @@
 #include "hymix/backend/concepts.hpp"
 #include "hymix/core/error.hpp"
 #include "hymix/core/seq_batch.hpp"
+#include "hymix/core/linear_weight.hpp"
 #include "hymix/core/tensor.hpp"
 #include "hymix/ops/elementwise.hpp"
 #include "hymix/ops/linear.hpp"
@@ -62,9 +63,9 @@ struct stack_config {
 
 /// Weights outside the layers.
 struct stack_weights {
-    tensor<float> embedding;   // [V, d]
+    linear_weight embedding;   // [V, d]
     tensor<float> final_norm;  // [d]
-    tensor<float> lm_head;     // [V, d]; ignored (may be empty) when tie_embeddings
+    linear_weight lm_head;     // [V, d]; ignored (may be empty) when tie_embeddings
 };
 
 /// The final norm's eps and flavour where they differ from the stack's (AMOR's final_norm: plain RMSNorm, eps 1e-6, on
@@ -93,7 +94,8 @@ inline void require_vector(const tensor<float>& t, std::int64_t n, const std::st
     if (t.rank() != 1 || t.dim(0) != n)
         throw shape_error(what + ": expected shape [" + std::to_string(n) + "], found " + shape_string(t.shape()));
 }
-inline void require_matrix(const tensor<float>& t, std::int64_t a, std::int64_t b, const std::string& what) {
+template <class W>  // tensor<float> or linear_weight (its stored shape)
+inline void require_matrix(const W& t, std::int64_t a, std::int64_t b, const std::string& what) {
     if (t.rank() != 2 || t.dim(0) != a || t.dim(1) != b)
         throw shape_error(what + ": expected shape " + shape_string(std::vector<std::int64_t>{a, b}) + ", found " +
                           shape_string(t.shape()));
@@ -200,10 +202,32 @@ public:
                 if constexpr (requires { blk.weights_changed(); }) blk.weights_changed();
             }, b);
     }
-    /// The LM head [V, d] (the embedding when tied).
-    tensor_view<const float, 2> head() const {
-        return cfg_.tie_embeddings ? w_.embedding.view<2>() : w_.lm_head.view<2>();
+    /// The LM head [V, d] (the embedding when tied), as stored (f32, or bf16 / f16 after store_weights_as).
+    const linear_weight& head() const noexcept { return cfg_.tie_embeddings ? w_.embedding : w_.lm_head; }
+
+    /// Stores every projection weight (the mixers' linear_weight members, the MLPs, the embedding and LM head) as `d`:
+    /// bf16 or f16 for inference (half the bytes a decode step reads; each projection gives the bits of the f32 model
+    /// whose weights were rounded to `d`), or f32 again (exact widening). Norms, convolutions, gates' parameters and
+    /// states stay fp32. Training needs f32 (model_grad throws config_error otherwise). Throws value_error naming the
+    /// tensor where a value overflows f16, config_error for another dtype; every weight is checked before any is
+    /// converted, so a throw leaves the model as it was.
+    void store_weights_as(dtype d) {
+        if (d != dtype::f32 && d != dtype::bf16 && d != dtype::f16)
+            throw config_error(std::string("store_weights_as: weights can be stored as f32, bf16 or f16, not ") + weight_dtype_name(d));
+        for_each_param([&](const std::string& name, auto& t) {
+            if constexpr (std::is_same_v<std::remove_cvref_t<decltype(t)>, linear_weight>) t.check_storable(d, name);
+        });
+        for_each_param([&](const std::string& name, auto& t) {
+            if constexpr (std::is_same_v<std::remove_cvref_t<decltype(t)>, linear_weight>) t.store_as(d, name);
+        });
+        for (auto& b : blocks_)
+            std::visit([&](auto& blk) {
+                if constexpr (requires { blk.store_cached_weights_as(d); }) blk.store_cached_weights_as(d);
+            }, b);
+        weight_dtype_ = d;
     }
+    /// The storage type of the projection weights (dtype::f32 unless store_weights_as changed it).
+    dtype weight_dtype() const noexcept { return weight_dtype_; }
 
     /// The final norm's flavour (the stack's Norm policy unless the config overrides it).
     kernels::rms_flavor final_flavor() const noexcept { return fn_.flavor.value_or(Norm::flavor); }
@@ -339,7 +363,7 @@ private:
         }
         auto& ws = cache.workspace();
         auto x = ws.x.get(n, d);
-        ops::embedding(be, w_.embedding.view<2>(), tokens, live, x);
+        ops::embedding(be, w_.embedding, tokens, live, x);
         if constexpr (probing<Probe>) probe("embeddings", tensor_view<const float, 2>(x));
         cache.stats().clear();
         block_context<B> ctx{be, vb, head(), w_.final_norm.data(), cfg_.norm_eps, Norm::flavor, side, ws, &cache.stats(), 0};
@@ -363,6 +387,7 @@ private:
     std::vector<block_variant> blocks_;
     std::vector<layer_kind> kinds_;
     final_norm_options fn_{};
+    dtype weight_dtype_ = dtype::f32;
 };
 
 }  // namespace hymix

@@ -84,13 +84,17 @@ public:
     void for_each_param(const std::string& prefix, F&& f) {
         f(prefix + ".norm", norm_);
         if constexpr (requires { mixer_.weights_mut().for_each(f); })
-            mixer_.weights_mut().for_each([&](std::string_view n, tensor<float>& t) { f(prefix + ".mixer." + std::string(n), t); });
+            mixer_.weights_mut().for_each([&](std::string_view n, auto& t) { f(prefix + ".mixer." + std::string(n), t); });
         if constexpr (Mlp::present) {
             f(prefix + ".mlp_norm", mlp_norm_);
             f(prefix + ".mlp.gate_proj", mlp_.gate_proj);
             f(prefix + ".mlp.up_proj", mlp_.up_proj);
             f(prefix + ".mlp.down_proj", mlp_.down_proj);
         }
+    }
+    /// Stores what the block derived from its weights (the MLP's fused gate|up matrix) as `d` (model::store_weights_as).
+    void store_cached_weights_as(dtype d) {
+        if constexpr (Mlp::present) mlp_.gate_up.store_as(d, "mlp.gate_up");
     }
     /// Re-derives what the block caches from its weights (the MLP's fused gate|up matrix) after an update.
     void weights_changed() {

@@ -79,9 +79,28 @@ struct batch_loss {
     double mean() const { return n_targets ? sum_nats / static_cast<double>(n_targets) : 0.0; }
 };
 
-/// A model of the same type as `m` whose every parameter is zero: where gradients accumulate.
+namespace detail {
+/// Training reads and writes fp32 weights: throws config_error when `m` keeps its projections as bf16 / f16.
+/// Checks every weight (not a flag), so a model assembled from 16-bit weights is refused too.
+template <class Model>
+void require_f32_weights(const Model& m, const char* who) {
+    std::string bad;
+    dtype found = dtype::f32;
+    const_cast<Model&>(m).for_each_param([&](const std::string& name, const auto& t) {  // reads only
+        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(t)>, linear_weight>)
+            if (bad.empty() && !t.is_f32()) bad = name, found = t.storage();
+    });
+    if (!bad.empty())
+        throw config_error(std::string(who) + ": the model stores its projection weights as " + weight_dtype_name(found) + " ('" + bad +
+                           "') for inference; training needs f32 (store_weights_as(dtype::f32) first)");
+}
+}  // namespace detail
+
+/// A model of the same type as `m` whose every parameter is zero: where gradients accumulate. Throws config_error
+/// when m's weights are not fp32.
 template <class Model>
 Model zeros_like(const Model& m) {
+    detail::require_f32_weights(m, "zeros_like");
     Model g = m;
     g.for_each_param([](const std::string&, tensor<float>& t) { t.fill(0.0f); });
     return g;
@@ -91,6 +110,8 @@ Model zeros_like(const Model& m) {
 /// visiting order. `frozen(name)` marks parameters the optimizer skips. Throws shape_error when m and g differ.
 template <class Model, class Frozen>
 std::vector<param> parameters(Model& m, Model& g, Frozen&& frozen) {
+    detail::require_f32_weights(m, "train::parameters");
+    detail::require_f32_weights(g, "train::parameters (gradients)");
     std::vector<param> ps;
     m.for_each_param([&](const std::string& name, tensor<float>& t) {
         param p;
@@ -129,6 +150,7 @@ template <backend B, class Model>
 batch_loss loss_and_grad(const B& be, Model& m, Model& g, activations<Model>& a, const seq_batch& batch,
                          std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, float grad_scale,
                          std::span<const unsigned char> side = {}) {
+    detail::require_f32_weights(m, "loss_and_grad");
     const std::int64_t n = batch.n_rows, d = m.config().d_model, V = m.config().vocab_size, L = m.n_layers();
     if (static_cast<std::int64_t>(tokens.size()) != n || static_cast<std::int64_t>(targets.size()) != n)
         throw shape_error("loss_and_grad: " + std::to_string(tokens.size()) + " tokens and " + std::to_string(targets.size()) +

@@ -1,0 +1,191 @@
+// Whole models at real size from a config.json, with random weights (random_stack: each mixer's own initialisation):
+// prefill of 512 tokens, decode at batch 1 and 8 after a 512-token prompt, with the projection weights stored as
+// f32, bf16 or f16 (model::store_weights_as). This is the model-level table to set beside llama-bench.
+//
+// Configs: bench/configs/*.json (HF layouts: model_type mamba2 or qwen3_5_text / qwen3_5), or the files listed in
+// HYMIX_BENCH_CONFIGS (comma-separated paths; point it at a downloaded checkpoint's config.json). The two shipped
+// files carry the sizes of state-spaces/mamba2-780m (HF layout) and Qwen/Qwen3.5-0.8B's text model, typed in by hand
+// without network access: compare them with the Hub's files before quoting a result as that model's. Threads: HYMIX_BENCH_THREADS (default: every core). Counted work: 2
+// FLOPs per projection weight per token (embedding lookups excluded, a tied head counted once) plus attention's
+// 4·H·d_h per cached token; bytes: every parameter as stored, read once per call (decode is bound by them).
+// A model is built once per (config, dtype) and kept while its benchmarks run; building 0.8B parameters takes
+// seconds and 3.2 GB (f32).
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+#include "hymix/io/json.hpp"
+#include "hymix/models/hf_mamba2.hpp"
+#include "hymix/models/hf_qwen3_5.hpp"
+#include "hymix/stack/random_stack.hpp"
+#include "peak.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<fs::path> config_files() {
+    std::vector<fs::path> out;
+    if (const char* env = std::getenv("HYMIX_BENCH_CONFIGS")) {
+        std::stringstream ss(env);
+        std::string item;
+        while (std::getline(ss, item, ','))
+            if (!item.empty()) out.emplace_back(item);
+        return out;
+    }
+    const auto dir = fs::path(__FILE__).parent_path() / "configs";
+    if (fs::is_directory(dir))
+        for (const auto& e : fs::directory_iterator(dir))
+            if (e.path().extension() == ".json") out.push_back(e.path());
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
+using any_model = std::variant<hymix::models::hf_mamba2_stack, hymix::models::qwen3_5_hybrid_stack>;
+
+/// The stack of `config` with random weights (seed 0), stored as `d`.
+any_model build(const fs::path& config, hymix::dtype d) {
+    const auto j = hymix::io::read_json_file(config);
+    const auto origin = config.string();
+    const auto mt = j.value("model_type", std::string());
+    auto make = [&]() -> any_model {
+        if (mt == "mamba2") {
+            const auto c = hymix::models::read_hf_mamba2_config(j, origin);
+            return hymix::random_stack<hymix::models::hf_mamba2_stack>(c.stack, {.n_layers = c.n_layers}, {c.mixer}, 0);
+        }
+        const auto c = hymix::models::read_hf_qwen3_5_config(j, origin);
+        return hymix::random_stack<hymix::models::qwen3_5_hybrid_stack>(c.stack, {.n_layers = c.n_layers, .d_ff = c.d_ff, .kinds = c.kinds},
+                                                                        {c.gdn, c.attn}, 0);
+    };
+    any_model m = make();
+    std::visit([&](auto& s) { s.store_weights_as(d); }, m);
+    return m;
+}
+
+/// One model alive at a time: (config, dtype) → model.
+template <class F>
+void with_model(const fs::path& config, hymix::dtype d, F&& f) {
+    static std::string key;
+    static std::unique_ptr<any_model> model;
+    const std::string k = config.string() + "/" + hymix::weight_dtype_name(d);
+    if (k != key) {
+        model.reset();
+        model = std::make_unique<any_model>(build(config, d));
+        key = k;
+    }
+    std::visit(f, *model);
+}
+
+struct model_counts {
+    double params = 0, bytes = 0, attn_layers = 0, attn_width = 0;  // attn_width: H·d_h of an attention layer
+};
+
+template <class Stack>
+model_counts counts(Stack& m) {
+    model_counts c;
+    m.for_each_param([&](const std::string&, const auto& t) {
+        c.params += static_cast<double>(t.numel());
+        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(t)>, hymix::linear_weight>)
+            c.bytes += static_cast<double>(t.stored_bytes());
+        else
+            c.bytes += 4.0 * static_cast<double>(t.numel());
+    });
+    for (std::int64_t l = 0; l < m.n_layers(); ++l)
+        std::visit([&](const auto& blk) {
+            using M = std::remove_cvref_t<decltype(blk.mixer())>;
+            if constexpr (std::is_same_v<M, hymix::attention>) {
+                c.attn_layers += 1;
+                c.attn_width = static_cast<double>(blk.mixer().config().n_heads * blk.mixer().config().head_dim);
+            }
+        }, m.layer_at(l));
+    return c;
+}
+
+std::vector<std::int32_t> random_tokens(std::size_t n, std::int64_t V, std::uint64_t seed) {
+    std::mt19937_64 g(seed);
+    std::uniform_int_distribution<std::int64_t> d(0, V - 1);
+    std::vector<std::int32_t> v(n);
+    for (auto& x : v) x = static_cast<std::int32_t>(d(g));
+    return v;
+}
+
+int threads() {
+    const auto t = hymix::bench::thread_counts({0});
+    return static_cast<int>(t.empty() ? 0 : t.front());
+}
+
+constexpr std::int64_t T = 512;
+
+void prefill(benchmark::State& st, fs::path config, hymix::dtype d) {
+    with_model(config, d, [&](auto& m) {
+        const hymix::cpu_backend be(threads());
+        const auto V = m.config().vocab_size;
+        const auto mc = counts(m);
+        auto c = m.make_cache(1);
+        const auto toks = random_tokens(T, V, 1);
+        hymix::tensor<float> logits({1, V});
+        const auto b = hymix::seq_batch::dense(1, T);
+        for (auto _ : st) {
+            c.reset_slot(0);
+            m.forward_last(be, c, b, toks, logits.view<2>());
+            benchmark::DoNotOptimize(logits.data());
+        }
+        const double flops = double(T) * 2.0 * mc.params + mc.attn_layers * 4.0 * mc.attn_width * double(T) * double(T) / 2.0;
+        hymix::bench::report(st, double(T), flops, mc.bytes, be.num_threads());
+        st.counters["weight_MB"] = mc.bytes / 1e6;
+    });
+}
+
+void decode(benchmark::State& st, fs::path config, hymix::dtype d, std::int64_t batch) {
+    with_model(config, d, [&](auto& m) {
+        const hymix::cpu_backend be(threads());
+        const auto V = m.config().vocab_size;
+        const auto mc = counts(m);
+        auto c = m.make_cache(batch);
+        const auto prompt = random_tokens(static_cast<std::size_t>(batch * T), V, 2);
+        hymix::tensor<float> last({batch, V});
+        m.forward_last(be, c, hymix::seq_batch::dense(batch, T), prompt, last.view<2>());
+        std::vector<std::int64_t> slots(static_cast<std::size_t>(batch));
+        for (std::int64_t s = 0; s < batch; ++s) slots[static_cast<std::size_t>(s)] = s;
+        const auto step = hymix::seq_batch::decode(slots);
+        const std::vector<std::int32_t> toks(static_cast<std::size_t>(batch), 7);
+        m.forward(be, c, step, toks, last.view<2>());  // untimed: a KV cache at a power of two grows once here
+        for (auto _ : st) {
+            m.forward(be, c, step, toks, last.view<2>());
+            benchmark::DoNotOptimize(last.data());
+        }
+        const double flops = double(batch) * (2.0 * mc.params + mc.attn_layers * 4.0 * mc.attn_width * double(T));
+        hymix::bench::report(st, double(batch), flops, mc.bytes, be.num_threads());
+        st.counters["weight_MB"] = mc.bytes / 1e6;
+    });
+}
+
+const bool registered = [] {
+    for (const auto& cfg : config_files()) {
+        const std::string name = cfg.stem().string();
+        for (hymix::dtype d : {hymix::dtype::f32, hymix::dtype::bf16, hymix::dtype::f16}) {
+            const std::string dn = hymix::weight_dtype_name(d);
+            benchmark::RegisterBenchmark(("prefill/" + name + "/" + dn + "/T:512").c_str(), prefill, cfg, d)
+                ->Unit(benchmark::kMillisecond)
+                ->UseRealTime();
+            for (std::int64_t b : {1, 8})
+                benchmark::RegisterBenchmark(("decode/" + name + "/" + dn + "/batch:" + std::to_string(b) + "/context:512").c_str(), decode,
+                                             cfg, d, b)
+                    ->Unit(benchmark::kMillisecond)
+                    ->UseRealTime();
+        }
+    }
+    return true;
+}();
+
+}  // namespace

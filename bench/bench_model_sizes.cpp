@@ -95,7 +95,7 @@ model_counts counts(Stack& m) {
     model_counts c;
     m.for_each_param([&](const std::string&, const auto& t) {
         c.params += static_cast<double>(t.numel());
-        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(t)>, hymix::linear_weight>)
+        if constexpr (hymix::is_linear_weight_v<decltype(t)>)
             c.bytes += static_cast<double>(t.stored_bytes());
         else
             c.bytes += 4.0 * static_cast<double>(t.numel());

@@ -194,4 +194,8 @@ private:
     tensor<f16> h16_;
 };
 
+/// True for hymix::linear_weight (parameter visitors use it to pick out projection weights).
+template <class T>
+inline constexpr bool is_linear_weight_v = std::is_same_v<std::remove_cvref_t<T>, linear_weight>;
+
 }  // namespace hymix

@@ -96,7 +96,7 @@ struct stack_holder final : any_stack<B> {
     std::size_t weight_bytes() override {
         std::size_t n = 0;
         m.for_each_param([&](const std::string&, const auto& t) {
-            if constexpr (std::is_same_v<std::remove_cvref_t<decltype(t)>, linear_weight>)
+            if constexpr (is_linear_weight_v<decltype(t)>)
                 n += t.stored_bytes();
             else
                 n += static_cast<std::size_t>(t.numel()) * sizeof(float);
@@ -216,7 +216,7 @@ public:
     /// kept exactly by bf16). Throws value_error naming the tensor where a value overflows f16 (nothing is converted
     /// then), config_error for another dtype.
     void store_weights_as(dtype d) { impl_->store_weights_as(d); }
-    /// The projection weights' storage type (f32 unless store_weights_as changed it).
+    /// The projection weights' storage type (f32 unless some are kept in 16 bits; model::weight_dtype).
     dtype weight_dtype() const { return impl_->weight_dtype(); }
     /// Bytes of every parameter as stored (16-bit projections count 2 bytes per value).
     std::size_t weight_bytes() const { return impl_->weight_bytes(); }

@@ -215,19 +215,29 @@ public:
         if (d != dtype::f32 && d != dtype::bf16 && d != dtype::f16)
             throw config_error(std::string("store_weights_as: weights can be stored as f32, bf16 or f16, not ") + weight_dtype_name(d));
         for_each_param([&](const std::string& name, auto& t) {
-            if constexpr (std::is_same_v<std::remove_cvref_t<decltype(t)>, linear_weight>) t.check_storable(d, name);
+            if constexpr (is_linear_weight_v<decltype(t)>) t.check_storable(d, name);
         });
         for_each_param([&](const std::string& name, auto& t) {
-            if constexpr (std::is_same_v<std::remove_cvref_t<decltype(t)>, linear_weight>) t.store_as(d, name);
+            if constexpr (is_linear_weight_v<decltype(t)>) t.store_as(d, name);
         });
         for (auto& b : blocks_)
             std::visit([&](auto& blk) {
                 if constexpr (requires { blk.store_cached_weights_as(d); }) blk.store_cached_weights_as(d);
             }, b);
-        weight_dtype_ = d;
     }
-    /// The storage type of the projection weights (dtype::f32 unless store_weights_as changed it).
-    dtype weight_dtype() const noexcept { return weight_dtype_; }
+    /// The storage type of the projection weights, read off the weights themselves: the first one not stored as f32
+    /// (so a model assembled from 16-bit weights reports them too), else dtype::f32. Sets `name` to that weight's name.
+    dtype weight_dtype(std::string* name = nullptr) const {
+        dtype found = dtype::f32;
+        const_cast<model&>(*this).for_each_param([&](const std::string& n, const auto& t) {  // reads only
+            if constexpr (is_linear_weight_v<decltype(t)>)
+                if (found == dtype::f32 && !t.is_f32()) {
+                    found = t.storage();
+                    if (name) *name = n;
+                }
+        });
+        return found;
+    }
 
     /// The final norm's flavour (the stack's Norm policy unless the config overrides it).
     kernels::rms_flavor final_flavor() const noexcept { return fn_.flavor.value_or(Norm::flavor); }
@@ -387,7 +397,6 @@ private:
     std::vector<block_variant> blocks_;
     std::vector<layer_kind> kinds_;
     final_norm_options fn_{};
-    dtype weight_dtype_ = dtype::f32;
 };
 
 }  // namespace hymix

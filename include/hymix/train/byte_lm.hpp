@@ -134,9 +134,9 @@ void save_hf(Model& m, const nlohmann::json& config, const std::filesystem::path
     if (type != dtype::f32 && type != dtype::bf16 && type != dtype::f16)
         throw dtype_error("save_hf: weights are written as F32, BF16 or F16, not " + std::string(dtype_name(type)));
     if constexpr (requires { m.weight_dtype(); })
-        if (m.weight_dtype() != dtype::f32)
-            throw config_error(std::string("save_hf: the model keeps its projection weights as ") + weight_dtype_name(m.weight_dtype()) +
-                               "; save needs them as f32 (store_weights_as(dtype::f32); `type` still sets the file's element type)");
+        if (std::string name; m.weight_dtype(&name) != dtype::f32)
+            throw config_error("save_hf: the model keeps its projection weights as " + std::string(weight_dtype_name(m.weight_dtype())) +
+                               " ('" + name + "'); save needs them as f32 (store_weights_as(dtype::f32); `type` still sets the file's element type)");
     std::filesystem::create_directories(dir);
     const bool mamba2_family = config.value("model_type", "") == "mamba2", oryx_family = config.value("model_type", "") == "oryx";
     const auto& kinds = m.layer_kinds();

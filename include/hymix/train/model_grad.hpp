@@ -80,19 +80,15 @@ struct batch_loss {
 };
 
 namespace detail {
-/// Training reads and writes fp32 weights: throws config_error when `m` keeps its projections as bf16 / f16.
-/// Checks every weight (not a flag), so a model assembled from 16-bit weights is refused too.
+/// Training reads and writes fp32 weights: throws config_error naming the first weight `m` keeps as bf16 / f16.
 template <class Model>
 void require_f32_weights(const Model& m, const char* who) {
-    std::string bad;
-    dtype found = dtype::f32;
-    const_cast<Model&>(m).for_each_param([&](const std::string& name, const auto& t) {  // reads only
-        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(t)>, linear_weight>)
-            if (bad.empty() && !t.is_f32()) bad = name, found = t.storage();
-    });
-    if (!bad.empty())
-        throw config_error(std::string(who) + ": the model stores its projection weights as " + weight_dtype_name(found) + " ('" + bad +
-                           "') for inference; training needs f32 (store_weights_as(dtype::f32) first)");
+    if constexpr (requires { m.weight_dtype(); }) {
+        std::string name;
+        if (const dtype d = m.weight_dtype(&name); d != dtype::f32)
+            throw config_error(std::string(who) + ": the model stores its projection weights as " + weight_dtype_name(d) + " ('" + name +
+                               "') for inference; training needs f32 (store_weights_as(dtype::f32) first)");
+    }
 }
 }  // namespace detail
 

@@ -81,6 +81,9 @@ args)
     expect 2 "model directory '/nonexistent/model' does not exist" info --model /nonexistent/model
     expect 1 "unexpected arguments: a b --foo c \(--foo is not an option of 'info'\)" info -m "$tiny" a b --foo c
     expect 1 "no model given" info
+    # Training needs fp32 weights: the training commands have no --weights.
+    expect 1 "--weights is not an option of 'amor-train'" amor-train -m "$tiny" --text /dev/null --weights bf16
+    expect 1 "--weights is not an option of 'train'" train --text /dev/null --weights bf16
     expect 0 "qwen3_5_text" info -m "$tiny"
     grep -qE "^system: backend cpu \| [0-9]+ of [0-9]+ threads \| SIMD " "$work/err" ||
         { echo "FAIL: info does not print the system line"; failures=$((failures + 1)); }

@@ -106,7 +106,8 @@ struct command_line {
     }
 
     void define_amor_train() {
-        amor_train = command("amor-train", "train AMOR's entropy-gated attention blocks on a frozen backbone (--model; spec.md §5)");
+        amor_train = command("amor-train", "train AMOR's entropy-gated attention blocks on a frozen backbone (--model; spec.md §5)",
+                             /*inference=*/false);
         auto& a = amor;
         auto& o = a.train;
         // The setup of the AMOR paper's post-hoc runs (issue 9): 1550 steps of 32 × 512 bytes, AdamW 1e-3, betas (0.9,
@@ -209,8 +210,9 @@ struct command_line {
                       "periodic:EVERY[:BLOCK[:OFFSET]] | block_random[:P[:BLOCK[:SEED]]] (default: the config's default_mode)");
     }
 
-    /// A command with the options every command has.
-    CLI::App* command(const char* name, const char* what) {
+    /// A command with the options every command has; `inference` adds --weights (training needs fp32 weights, so a
+    /// training command has no such option and refuses it as an unexpected argument).
+    CLI::App* command(const char* name, const char* what, bool inference = true) {
         auto* c = app.add_subcommand(name, what);
         c->footer(tool::exit_code_help());
         c->allow_extras();  // reported by main in the order given
@@ -223,11 +225,12 @@ struct command_line {
                       "cpu (oneTBB threads, SIMD kernels) or ref (the fp64 reference backend every backend is tested against; slow)")
             ->check(CLI::IsMember({"cpu", "ref"}))
             ->capture_default_str();
-        c->add_option("--weights", common.weights,
-                      "storage of the projection weights (mixers, MLPs, embedding, LM head): f32, or bf16 / f16 for inference "
-                      "(half the bytes per decode step; exactly the f32 model on weights rounded to that type)")
-            ->check(CLI::IsMember({"f32", "bf16", "f16"}))
-            ->capture_default_str();
+        if (inference)
+            c->add_option("--weights", common.weights,
+                          "storage of the projection weights (mixers, MLPs, embedding, LM head): f32, or bf16 / f16 for inference "
+                          "(half the bytes per decode step; exactly the f32 model on weights rounded to that type)")
+                ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+                ->capture_default_str();
         c->add_option("--amor", common.amor,
                       "AMOR file (entropy-gated attention blocks trained on the --model backbone; spec.md §5) to run on top of it")
             ->check(CLI::ExistingFile);

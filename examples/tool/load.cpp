@@ -24,17 +24,24 @@ basic_loaded_model<Model> load_on(const common_options& o) {
         }
     }
     const auto t0 = clock_type::now();
-    {
-        const auto ck = hymix::safetensors::open_checkpoint(dir);
-        if (o.allow_nonfinite) {
-            for (const auto& bad : hymix::models::find_nonfinite_weights(ck))
+    using hymix::nonfinite_weights;
+    const auto nonfinite = o.allow_nonfinite ? nonfinite_weights::allow : nonfinite_weights::refuse;
+    if (o.allow_nonfinite) {
+        for (const auto& bad : hymix::models::find_nonfinite_weights(hymix::safetensors::open_checkpoint(dir)))
+            console::note("hymix: warning: {} (loaded anyway: --allow-nonfinite)", bad.describe());
+        if (!o.amor.empty())
+            for (const auto& bad : hymix::models::find_nonfinite_weights(hymix::safetensors::file(o.amor)))
                 console::note("hymix: warning: {} (loaded anyway: --allow-nonfinite)", bad.describe());
-        } else {
-            hymix::models::require_finite_weights(ck, "; pass --allow-nonfinite to load it anyway");
-        }
     }
     auto cfg = hymix::io::read_json_file(dir / "config.json");
-    basic_loaded_model<Model> m{dir, std::move(cfg), o.amor.empty() ? Model::load(dir, o.threads) : Model::load(dir, o.amor, o.threads)};
+    auto load = [&] {
+        try {
+            return o.amor.empty() ? Model::load(dir, o.threads, nonfinite) : Model::load(dir, o.amor, o.threads, nonfinite);
+        } catch (const hymix::nonfinite_error& e) {
+            throw hymix::nonfinite_error(std::string(e.what()) + "; pass --allow-nonfinite to load it anyway");
+        }
+    };
+    basic_loaded_model<Model> m{dir, std::move(cfg), load()};
     if (modes) {
         if (!m.model.info().per_token_modes)
             throw usage_error("--schedule: " + dir.string() + " is a " + m.model.info().architecture +

@@ -181,7 +181,7 @@ TEST_CASE("linear_weight: f32 by default, bf16 / f16 storage rounds to nearest e
     for (std::int64_t i = 0; i < w.numel(); ++i) w[i] = 1.0f + static_cast<float>(i) * 0.001953125f + 1e-7f * static_cast<float>(i % 3);
     w[7] = std::numeric_limits<float>::infinity();
     w[8] = -3.0e-6f;  // an f16 subnormal
-    const tensor<float> orig = w;
+    const tensor<float> orig = w.f32();
     CHECK(w.stored_bytes() == 15 * 4);
     for (dtype d : {dtype::bf16, dtype::f16}) {
         CAPTURE(weight_dtype_name(d));
@@ -226,7 +226,72 @@ TEST_CASE("linear_weight: f32 by default, bf16 / f16 storage rounds to nearest e
     CHECK(big.storage() == dtype::bf16);
     CHECK_THROWS_AS(big.check_storable(dtype::f16), value_error);
     CHECK_THROWS_AS(big.store_as(dtype::i32), config_error);
+    // f16's largest finite value is 65504: round-to-nearest-even sends |w| < 65520 there, |w| >= 65520 to infinity.
+    linear_weight edge = tensor<float>({1, 2});
+    edge[0] = 65519.0f;
+    edge[1] = -65519.0f;
+    edge.store_as(dtype::f16, "edge");
+    edge.visit_stored<2>([&]<class T>(tensor_view<const T, 2> v) {
+        CHECK(static_cast<float>(v(0, 0)) == 65504.0f);
+        CHECK(static_cast<float>(v(0, 1)) == -65504.0f);
+    });
+    linear_weight over = tensor<float>({1, 1});
+    over[0] = -65520.0f;
+    CHECK_THROWS_WITH_AS(over.store_as(dtype::f16, "over"), doctest::Contains("over: value -65520.000000 at element 0 overflows f16"),
+                         value_error);
     CHECK(parse_weight_dtype("bfloat16") == dtype::bf16);
     CHECK(parse_weight_dtype("fp16") == dtype::f16);
     CHECK_THROWS_WITH_AS(parse_weight_dtype("int8"), "weight dtype: expected f32, bf16 or f16, found \"int8\"", config_error);
+}
+
+TEST_CASE("linear_weight: moves leave an empty f32 weight; rows stack in any storage; fp32 visitors refuse 16-bit weights") {
+    linear_weight a = tensor<float>({2, 3}), b = tensor<float>({1, 3});
+    for (std::int64_t i = 0; i < 6; ++i) a[i] = 0.1f * static_cast<float>(i + 1);
+    for (std::int64_t i = 0; i < 3; ++i) b[i] = -0.3f * static_cast<float>(i + 1);
+    for (dtype d : {dtype::f32, dtype::bf16, dtype::f16}) {
+        CAPTURE(weight_dtype_name(d));
+        linear_weight x = a, y = b;
+        x.store_as(d);
+        y.store_as(d);
+        const linear_weight xy = linear_weight::concat_rows(x, y, "gate_up");
+        CHECK(xy.storage() == d);
+        CHECK(xy.shape() == std::vector<std::int64_t>{3, 3});
+        linear_weight wide = xy, wx = x, wy = y;
+        wide.store_as(dtype::f32);
+        wx.store_as(dtype::f32);
+        wy.store_as(dtype::f32);
+        for (std::int64_t i = 0; i < 6; ++i) CHECK(wide[i] == wx[i]);
+        for (std::int64_t i = 0; i < 3; ++i) CHECK(wide[6 + i] == wy[i]);
+
+        // A moved-from weight is an empty f32 weight, whatever it held.
+        linear_weight moved = std::move(x);
+        CHECK(moved.storage() == d);
+        CHECK(moved.numel() == 6);
+        CHECK(x.storage() == dtype::f32);  // NOLINT(bugprone-use-after-move): the state after a move is specified
+        CHECK(x.rank() == 0);  // absent, as a default-constructed weight
+        linear_weight assigned;
+        assigned = std::move(moved);
+        CHECK(assigned.numel() == 6);
+        CHECK(moved.rank() == 0);  // NOLINT(bugprone-use-after-move)
+
+        // A visitor that takes tensor<float>& gets the fp32 tensor, and a 16-bit weight throws naming the parameter.
+        int seen = 0;
+        auto fp32_visitor = [&](const std::string&, tensor<float>& t) { seen += static_cast<int>(t.numel()); };
+        if (d == dtype::f32) {
+            visit_param(fp32_visitor, std::string("layers.0.mlp.up_proj"), y);
+            CHECK(seen == 3);
+        } else {
+            CHECK_THROWS_WITH_AS(visit_param(fp32_visitor, std::string("layers.0.mlp.up_proj"), y),
+                                 doctest::Contains("layers.0.mlp.up_proj: stored as"), value_error);
+            CHECK(seen == 0);
+        }
+        // A generic visitor gets the weight itself.
+        bool got_weight = false;
+        visit_param([&](const std::string&, auto& t) { got_weight = is_linear_weight_v<decltype(t)>; }, std::string("w"), y);
+        CHECK(got_weight);
+    }
+    linear_weight h = a;
+    h.store_as(dtype::bf16);
+    CHECK_THROWS_AS((void)linear_weight::concat_rows(h, b), value_error);           // storages differ
+    CHECK_THROWS_AS((void)linear_weight::concat_rows(a, linear_weight(tensor<float>({2, 4}))), shape_error);  // widths differ
 }

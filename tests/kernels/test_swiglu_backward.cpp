@@ -39,7 +39,8 @@ swiglu_weights random_weights(std::int64_t d, std::int64_t F, std::uint64_t seed
     return w;
 }
 
-std::vector<double> to_double(const tensor<float>& t) { return {t.data(), t.data() + t.numel()}; }
+template <class T>  // tensor<float> or linear_weight
+std::vector<double> to_double(const T& t) { return {t.data(), t.data() + t.numel()}; }
 
 }  // namespace
 
@@ -123,7 +124,8 @@ run_result run_backward(const B& be, const swiglu_weights& w, std::int64_t M, st
     return r;
 }
 
-bool same(const tensor<float>& a, const tensor<float>& b) { return std::equal(a.data(), a.data() + a.numel(), b.data()); }
+template <class T>  // tensor<float> or linear_weight
+bool same(const T& a, const T& b) { return std::equal(a.data(), a.data() + a.numel(), b.data()); }
 
 }  // namespace
 
@@ -221,4 +223,29 @@ TEST_CASE("swiglu_backward on the reference backend equals swiglu_backward_ref o
         CHECK(g.up_proj[std::int64_t(i)] == static_cast<float>(dwu[i]));
     }
     for (std::size_t i = 0; i < dwd.size(); ++i) CHECK(g.down_proj[std::int64_t(i)] == static_cast<float>(dwd[i]));
+}
+
+TEST_CASE("swiglu forward: bad shapes and strides throw shape_error naming swiglu and the argument, on both backends") {
+    const std::int64_t M = 3, d = 5, F = 7;
+    const auto w = random_weights(d, F, 5);
+    const auto x = random_tensor(M, d, 6);
+    tensor<float> gu({M, 2 * F}), y({M, d}), wide({M, 2 * d}), bad_y({M, d + 1});
+    const tensor_view<const float, 2> x_strided(wide.data(), {M, d}, {2 * d, 2});  // inner stride 2
+    const cpu_backend cpu(1);
+    const reference_backend ref;
+    CHECK_THROWS_WITH_AS(ops::swiglu(cpu, w, x_strided, gu.view<2>(), y.view<2>()), doctest::Contains("swiglu: x"), shape_error);
+    CHECK_THROWS_WITH_AS(ops::swiglu(cpu, w, x.view<2>(), gu.view<2>(), bad_y.view<2>()), doctest::Contains("swiglu: y"), shape_error);
+    CHECK_THROWS_WITH_AS(ops::swiglu(ref, w, x.view<2>(), gu.view<2>(), bad_y.view<2>()), doctest::Contains("swiglu: y"), shape_error);
+    const tensor_view<float, 2> y_strided(wide.data(), {M, d}, {2 * d, 2});
+    CHECK_THROWS_WITH_AS(ops::swiglu(cpu, w, x.view<2>(), gu.view<2>(), y_strided), doctest::Contains("swiglu: y"), shape_error);
+    auto unprepared = w;
+    unprepared.gate_up = tensor<float>();
+    CHECK_THROWS_WITH_AS(ops::swiglu(cpu, unprepared, x.view<2>(), gu.view<2>(), y.view<2>()),
+                         doctest::Contains("swiglu: weights.gate_up"), shape_error);
+    const auto narrow = random_tensor(M, d - 1, 7);
+    CHECK_THROWS_WITH_AS(ops::swiglu(ref, w, narrow.view<2>(), gu.view<2>(), y.view<2>()), doctest::Contains("swiglu: weights.down_proj"),
+                         shape_error);
+    // The same arguments, well formed, run on both.
+    CHECK_NOTHROW(ops::swiglu(cpu, w, x.view<2>(), gu.view<2>(), y.view<2>()));
+    CHECK_NOTHROW(ops::swiglu(ref, w, x.view<2>(), gu.view<2>(), y.view<2>()));
 }

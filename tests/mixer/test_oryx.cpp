@@ -255,7 +255,7 @@ TEST_CASE("oryx: the all-linear list of the GDN instance equals the plain Gated 
     gc.chunk_size = c.gdn_chunk;
     gc.norm_eps = c.norm_eps;
     gc.l2_eps = c.l2_eps;
-    auto stack_rows = [](std::initializer_list<const tensor<float>*> ts) {
+    auto stack_rows = []<class W>(std::initializer_list<const W*> ts) {  // tensor<float> or linear_weight rows
         std::int64_t rows = 0;
         for (auto* t : ts) rows += t->dim(0);
         tensor<float> out({rows, (*ts.begin())->dim(1)});

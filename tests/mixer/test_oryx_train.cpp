@@ -291,7 +291,7 @@ TEST_CASE("oryx backward: each W_Q learns only from its own mode's rows (spec.md
         const auto lin = run_train<cpu_backend>(m, b, x, dy, std::vector<unsigned char>(static_cast<std::size_t>(n), 0));
         const auto att = run_train<cpu_backend>(m, b, x, dy, std::vector<unsigned char>(static_cast<std::size_t>(n), 1));
         const auto mix = run_train<cpu_backend>(m, b, x, dy, modes_for(block_random{4, 0.5, 1}, b, call_phase::prefill));
-        const auto v = [](const tensor<float>& t) { return std::vector<float>(t.span().begin(), t.span().end()); };
+        const auto v = [](const auto& t) { return std::vector<float>(t.span().begin(), t.span().end()); };
         CHECK(max_abs(v(lin.g.q_attn_proj)) == 0.0);   // no attention row: W_Q^attn untouched
         CHECK(max_abs(v(lin.g.q_lin_proj)) > 0.0);
         CHECK(max_abs(v(att.g.q_lin_proj)) == 0.0);    // no linear read-out: W_Q^lin (and its conv) untouched

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -260,4 +261,37 @@ TEST_CASE("auto_model: bad checkpoints throw with the tensor name, expected and 
     // No weights at all.
     const auto dn = scratch_dir("ckpt_noweights", src);
     CHECK(message_of(dn).find("no model.safetensors") != std::string::npos);
+}
+
+TEST_CASE("auto_model: non-finite weights are refused at load, naming the tensor, unless allowed") {
+    // The repository's embedded default model (no ../shared needed), with one +Inf planted in its first tensor.
+    const auto src = std::filesystem::path(HYMIX_TEST_DATA) / ".." / ".." / "models" / "kjv-tiny-hybrid";
+    REQUIRE(std::filesystem::exists(src / "model.safetensors"));
+    safetensors::file f(src / "model.safetensors");
+    const auto d = scratch_dir("ckpt_inf", src);
+    std::string planted;
+    {
+        safetensors::writer w;
+        for (const auto& t : f.tensors()) {
+            auto v = f.to_f32(t.name);
+            if (planted.empty() && v.numel() > 3) {
+                v[3] = std::numeric_limits<float>::infinity();
+                planted = t.name;
+            }
+            w.add(t.name, v);
+        }
+        w.write(d / "model.safetensors");
+    }
+    REQUIRE(!planted.empty());
+    try {
+        (void)auto_model::load(d, 1);
+        FAIL("a checkpoint holding +Inf loaded");
+    } catch (const nonfinite_error& e) {
+        const std::string m = e.what();
+        CHECK(m.find("'" + planted + "'") != std::string::npos);
+        CHECK(m.find("+Inf") != std::string::npos);
+    }
+    const auto m = auto_model::load(d, 1, nonfinite_weights::allow);
+    CHECK(m.info().vocab_size == 256);
+    CHECK_NOTHROW((void)auto_model::load(src, 1));
 }

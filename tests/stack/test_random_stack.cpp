@@ -80,7 +80,8 @@ bool all_equal(const tensor<float>& t, float v) {
     return std::all_of(s.begin(), s.end(), [v](float x) { return x == v; });
 }
 
-double stddev(const tensor<float>& t) {
+template <class T>  // tensor<float> or linear_weight
+double stddev(const T& t) {
     double s = 0, s2 = 0;
     for (float x : t.span()) {
         s += x;

@@ -1,11 +1,11 @@
 // The weight of a projection (nn.Linear's [out, in] matrix, the embedding / LM head): fp32 by default, or kept as
-// bf16 / f16 for inference so a decode step streams half the bytes (issue 12). It is a tensor<float> — loaders,
-// optimizers and fp64 references use it as one — that can also hold its values as 16 bits. While 16-bit, the fp32
-// buffer is released; fp32 access (data(), view(), span(), operator[]) throws value_error instead of reading
-// nothing, and ops::linear / ops::embedding read the 16-bit values directly (widened exactly in registers, so a
-// projection gives the bits of the fp32 kernel on the widened weights).
+// bf16 / f16 for inference so a decode step streams half the bytes (issue 12). Loaders, optimizers and fp64
+// references reach its fp32 tensor through f32(); while the weight is 16-bit the fp32 buffer is released and every
+// fp32 access throws value_error instead of reading nothing, and ops::linear / ops::embedding read the 16-bit values
+// directly (widened exactly in registers, so a projection gives the bits of the fp32 kernel on the widened weights).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -42,18 +42,38 @@ inline dtype parse_weight_dtype(std::string_view s) {
 }
 
 /// A projection weight: rank and shape as stored (usually [N, K]); storage fp32 (trainable) or bf16 / f16
-/// (inference only). Copies copy the storage as it is.
-class linear_weight : public tensor<float> {
+/// (inference only). Copies copy the storage as it is; a moved-from weight is empty (rank 0, fp32).
+///
+/// It holds its fp32 values in a tensor<float> it owns rather than being one, so nothing can reach an empty fp32
+/// buffer behind a 16-bit weight: fp32 access (data(), view(), span(), operator[], fill(), f32()) throws value_error
+/// naming the storage while the weight is 16-bit, and parameter visitors that take tensor<float>& get f32()
+/// (stack/model.hpp's for_each_param), so they too refuse a 16-bit weight instead of seeing nothing.
+class linear_weight {
 public:
-    using base = tensor<float>;
-
     linear_weight() = default;
-    linear_weight(base t) : base(std::move(t)) {}  // NOLINT: implicit by design (loaders assign tensor<float>)
-    explicit linear_weight(std::vector<std::int64_t> shape) : base(std::move(shape)) {}
-    linear_weight(std::initializer_list<std::int64_t> shape) : base(shape) {}
-    linear_weight& operator=(base t) {
-        base::operator=(std::move(t));
-        release_compact();
+    linear_weight(tensor<float> t) : f32_(std::move(t)) {}  // NOLINT: implicit by design (loaders assign tensor<float>)
+    explicit linear_weight(std::vector<std::int64_t> shape) : f32_(std::move(shape)) {}
+    linear_weight(std::initializer_list<std::int64_t> shape) : f32_(shape) {}
+    linear_weight(const linear_weight&) = default;
+    linear_weight& operator=(const linear_weight&) = default;
+    linear_weight(linear_weight&& o) noexcept
+        : storage_(o.storage_), shape_(std::move(o.shape_)), f32_(std::move(o.f32_)), b16_(std::move(o.b16_)), h16_(std::move(o.h16_)) {
+        o.reset();
+    }
+    linear_weight& operator=(linear_weight&& o) noexcept {
+        if (this != &o) {
+            storage_ = o.storage_;
+            shape_ = std::move(o.shape_);
+            f32_ = std::move(o.f32_);
+            b16_ = std::move(o.b16_);
+            h16_ = std::move(o.h16_);
+            o.reset();
+        }
+        return *this;
+    }
+    linear_weight& operator=(tensor<float> t) {
+        reset();
+        f32_ = std::move(t);
         return *this;
     }
 
@@ -67,39 +87,33 @@ public:
 
     /// Converts the storage to `d` (f32, bf16 or f16). To 16 bits: rounds to nearest even and releases the fp32
     /// buffer; values already representable (a bf16 checkpoint stored as bf16) are kept exactly. Back to f32: widens
-    /// exactly. Throws value_error naming `name` where a finite value would overflow f16 (|w| > 65504), and
-    /// config_error for another dtype; the weight is unchanged when it throws. Non-finite values are kept as they are.
+    /// exactly. Throws value_error naming `name` where a finite value would overflow f16 (|w| >= 65520, which rounds
+    /// to infinity), and config_error for another dtype; the weight is unchanged when it throws. Non-finite values are
+    /// kept as they are.
     void store_as(dtype d, std::string_view name = "weight") {
         if (d == storage_) return;
-        if (d != dtype::f32 && d != dtype::bf16 && d != dtype::f16)
-            throw config_error(std::string(name) + ": weights can be stored as f32, bf16 or f16, not " + weight_dtype_name(d));
-        if (is_f32() && base::rank() == 0) return;  // an absent (empty) weight stays absent
-        base wide;  // the exact fp32 values of a 16-bit weight
-        if (!is_f32()) {
-            wide = base(shape_);
-            if (storage_ == dtype::bf16) convert(b16_.data(), wide.data(), n16());
-            else convert(h16_.data(), wide.data(), n16());
-        }
+        check_storable(d, name);
+        if (is_f32() && f32_.rank() == 0) return;  // an absent (empty) weight stays absent
         if (d == dtype::f32) {
-            base::operator=(std::move(wide));
-            release_compact();
+            tensor<float> wide = widened();
+            reset();
+            f32_ = std::move(wide);
             return;
         }
-        const base& src = is_f32() ? static_cast<const base&>(*this) : wide;
+        const tensor<float> wide = is_f32() ? tensor<float>() : widened();  // bf16 <-> f16 goes through the exact fp32
+        const tensor<float>& src = is_f32() ? f32_ : wide;
         const std::size_t n = static_cast<std::size_t>(src.numel());
-        const float* p = src.data();
         tensor<bf16> b;
         tensor<f16> h;
         if (d == dtype::f16) {
-            require_f16_range(p, n, name);
             h = tensor<f16>(src.shape());
-            convert(p, h.data(), n);
+            convert(src.data(), h.data(), n);
         } else {
             b = tensor<bf16>(src.shape());
-            convert(p, b.data(), n);
+            convert(src.data(), b.data(), n);
         }
         std::vector<std::int64_t> s = src.shape();
-        base::operator=(base());  // release the fp32 values
+        reset();  // releases the fp32 values
         b16_ = std::move(b);
         h16_ = std::move(h);
         shape_ = std::move(s);
@@ -112,35 +126,65 @@ public:
             throw config_error(std::string(name) + ": weights can be stored as f32, bf16 or f16, not " + weight_dtype_name(d));
         if (d == dtype::f16 && storage_ != dtype::f16 && rank() > 0) {
             if (is_f32()) {
-                require_f16_range(base::data(), static_cast<std::size_t>(base::numel()), name);
+                require_f16_range(f32_.data(), static_cast<std::size_t>(f32_.numel()), name);
             } else {  // bf16: its values widened
-                std::vector<float> wide(n16());
-                convert(b16_.data(), wide.data(), wide.size());
-                require_f16_range(wide.data(), wide.size(), name);
+                const tensor<float> wide = widened();
+                require_f16_range(wide.data(), static_cast<std::size_t>(wide.numel()), name);
             }
         }
     }
 
+    /// A weight whose rows are a's rows then b's (both of rank 2 with equal widths and storage), in that storage: the
+    /// fused gate|up matrix of a SwiGLU MLP. Throws shape_error / value_error naming `name` otherwise.
+    static linear_weight concat_rows(const linear_weight& a, const linear_weight& b, std::string_view name = "weight") {
+        if (a.rank() != 2 || b.rank() != 2 || a.dim(1) != b.dim(1))
+            throw shape_error(std::string(name) + ": rows of " + shape_string(a.shape()) + " and " + shape_string(b.shape()) +
+                              " cannot be stacked (two matrices of one width expected)");
+        if (a.storage_ != b.storage_)
+            throw value_error(std::string(name) + ": rows stored as " + weight_dtype_name(a.storage_) + " and " +
+                              weight_dtype_name(b.storage_) + " cannot be stacked (one storage expected)");
+        const std::vector<std::int64_t> s{a.dim(0) + b.dim(0), a.dim(1)};
+        auto stack = [&](const auto& ta, const auto& tb, auto& out) {
+            out = std::remove_cvref_t<decltype(ta)>(s);
+            std::copy_n(ta.data(), ta.numel(), out.data());
+            std::copy_n(tb.data(), tb.numel(), out.data() + ta.numel());
+        };
+        linear_weight w;
+        w.storage_ = a.storage_;
+        switch (a.storage_) {
+            case dtype::bf16: stack(a.b16_, b.b16_, w.b16_); break;
+            case dtype::f16: stack(a.h16_, b.h16_, w.h16_); break;
+            default: stack(a.f32_, b.f32_, w.f32_); break;
+        }
+        if (!w.is_f32()) w.shape_ = s;
+        return w;
+    }
+
     // Shape queries report the stored shape whatever the storage.
-    const std::vector<std::int64_t>& shape() const noexcept { return is_f32() ? base::shape() : shape_; }
+    const std::vector<std::int64_t>& shape() const noexcept { return is_f32() ? f32_.shape() : shape_; }
     std::int64_t dim(std::size_t i) const { return shape().at(i); }
     std::size_t rank() const noexcept { return shape().size(); }
-    std::int64_t numel() const noexcept { return is_f32() ? base::numel() : static_cast<std::int64_t>(n16()); }
+    std::int64_t numel() const noexcept { return is_f32() ? f32_.numel() : static_cast<std::int64_t>(n16()); }
 
-    // fp32 access: only while stored as f32.
-    float* data() { return require_f32(), base::data(); }
-    const float* data() const { return require_f32(), base::data(); }
-    std::span<float> span() { return require_f32(), base::span(); }
-    std::span<const float> span() const { return require_f32(), base::span(); }
-    float& operator[](std::int64_t i) { return require_f32(), base::operator[](i); }
-    const float& operator[](std::int64_t i) const { return require_f32(), base::operator[](i); }
+    // fp32 access: only while stored as f32 (value_error otherwise).
+    /// The fp32 tensor itself (for loaders, optimizers, savers and fp64 references).
+    tensor<float>& f32() { return require_f32(), f32_; }
+    const tensor<float>& f32() const { return require_f32(), f32_; }
+    float* data() { return f32().data(); }
+    const float* data() const { return f32().data(); }
+    std::span<float> span() { return f32().span(); }
+    std::span<const float> span() const { return f32().span(); }
+    float& operator[](std::int64_t i) { return f32()[i]; }
+    const float& operator[](std::int64_t i) const { return f32()[i]; }
+    void fill(float v) { f32().fill(v); }
+    void zero() { f32().zero(); }
     template <std::size_t R>
     tensor_view<float, R> view() {
-        return require_f32(), base::template view<R>();
+        return f32().template view<R>();
     }
     template <std::size_t R>
     tensor_view<const float, R> view() const {
-        return require_f32(), base::template view<R>();
+        return f32().template view<R>();
     }
 
     // The stored values as typed views (throws value_error when stored otherwise).
@@ -167,11 +211,12 @@ public:
     }
 
 private:
+    // f16's largest finite value is 65504; round-to-nearest-even sends |w| < 65520 there and |w| >= 65520 to infinity.
     static void require_f16_range(const float* p, std::size_t n, std::string_view name) {
         for (std::size_t i = 0; i < n; ++i)
-            if (std::isfinite(p[i]) && std::abs(p[i]) > 65504.0f)
+            if (std::isfinite(p[i]) && std::abs(p[i]) >= 65520.0f)
                 throw value_error(std::string(name) + ": value " + std::to_string(p[i]) + " at element " + std::to_string(i) +
-                                  " overflows f16 (|w| <= 65504); store it as bf16 or f32");
+                                  " overflows f16 (|w| < 65520 rounds to at most 65504); store it as bf16 or f32");
     }
     void require_f32() const {
         if (!is_f32())
@@ -181,7 +226,15 @@ private:
     std::size_t n16() const noexcept {
         return storage_ == dtype::bf16 ? static_cast<std::size_t>(b16_.numel()) : static_cast<std::size_t>(h16_.numel());
     }
-    void release_compact() {
+    // The exact fp32 values of a 16-bit weight.
+    tensor<float> widened() const {
+        tensor<float> wide(shape_);
+        if (storage_ == dtype::bf16) convert(b16_.data(), wide.data(), n16());
+        else convert(h16_.data(), wide.data(), n16());
+        return wide;
+    }
+    void reset() noexcept {
+        f32_ = tensor<float>();
         b16_ = tensor<bf16>();
         h16_ = tensor<f16>();
         shape_.clear();
@@ -189,7 +242,8 @@ private:
     }
 
     dtype storage_ = dtype::f32;
-    std::vector<std::int64_t> shape_;  // while 16-bit (the base tensor is empty then)
+    std::vector<std::int64_t> shape_;  // while 16-bit (f32_ is empty then)
+    tensor<float> f32_;
     tensor<bf16> b16_;
     tensor<f16> h16_;
 };
@@ -197,5 +251,20 @@ private:
 /// True for hymix::linear_weight (parameter visitors use it to pick out projection weights).
 template <class T>
 inline constexpr bool is_linear_weight_v = std::is_same_v<std::remove_cvref_t<T>, linear_weight>;
+
+/// Calls f(name, p) for one parameter p (a tensor<float> or a linear_weight). A visitor that takes a linear_weight
+/// (a generic one) gets the weight as it is; one that takes only tensor<float>& gets the weight's fp32 tensor, and a
+/// 16-bit weight throws value_error naming the parameter there (fp32 visitors: optimizers, savers, counters).
+template <class F, class N, class P>
+void visit_param(F&& f, const N& name, P& p) {
+    if constexpr (!is_linear_weight_v<P> || std::is_invocable_v<F&, const N&, P&>) {
+        f(name, p);
+    } else {
+        if (!p.is_f32())
+            throw value_error(std::string(name) + ": stored as " + weight_dtype_name(p.storage()) +
+                              " for inference; this needs fp32 weights (store_weights_as(dtype::f32) first)");
+        f(name, p.f32());
+    }
+}
 
 }  // namespace hymix

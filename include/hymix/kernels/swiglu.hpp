@@ -57,24 +57,53 @@ struct swiglu_weights {
             for (auto& x : t->span()) x = n(gen);
         return w;
     }
-    /// Builds gate_up from gate_proj and up_proj.
-    void prepare() {
-        const std::int64_t f = gate_proj.dim(0), d = gate_proj.dim(1);
-        gate_up = tensor<float>({2 * f, d});
-        std::copy_n(gate_proj.data(), f * d, gate_up.data());
-        std::copy_n(up_proj.data(), f * d, gate_up.data() + f * d);
-    }
+    /// Builds gate_up from gate_proj and up_proj, in their storage (f32, or the bf16 / f16 they are stored as).
+    /// Throws shape_error / value_error (the two stored differently) and leaves gate_up as it was.
+    void prepare() { gate_up = linear_weight::concat_rows(gate_proj, up_proj, "mlp.gate_up"); }
 };
 
 namespace kernels {
 
+namespace detail {
+/// The SwiGLU entry points' argument checks, naming `who` and the argument (shape_error): the weights' shapes against
+/// x's width and y [M, d]; for the CPU kernel (`unit_strides`) the prepared gate_up, unit inner strides of x, gu and
+/// y, and no overlap of y with x or gu; for the reference, gate_proj and up_proj.
+inline void require_swiglu_args(const swiglu_weights& w, tensor_view<const float, 2> x, tensor_view<float, 2> gu,
+                                tensor_view<float, 2> y, const char* who, bool unit_strides) {
+    const std::int64_t M = x.dim(0), d = x.dim(1);
+    if (w.down_proj.rank() != 2 || w.down_proj.dim(0) != d)
+        throw shape_error(std::string(who) + ": weights.down_proj: expected [" + std::to_string(d) + ", d_ff] for x " +
+                          shape_string(x.shape) + ", found " + shape_string(w.down_proj.shape()));
+    const std::int64_t F = w.down_proj.dim(1);
+    const auto need = [&](const linear_weight& t, std::int64_t rows, const char* name, const char* hint) {
+        if (t.shape() != std::vector<std::int64_t>{rows, d})
+            throw shape_error(std::string(who) + ": weights." + name + ": expected " + shape_string(std::vector<std::int64_t>{rows, d}) +
+                              ", found " + shape_string(t.shape()) + hint);
+    };
+    if (unit_strides) {  // the CPU kernel reads the fused matrix
+        need(w.gate_up, 2 * F, "gate_up", " (call swiglu_weights::prepare())");
+    } else {  // the reference reads the two
+        need(w.gate_proj, F, "gate_proj", "");
+        need(w.up_proj, F, "up_proj", "");
+    }
+    y.require_shape({M, d}, who, "y");
+    if (!unit_strides) return;
+    gu.require_shape({M, 2 * F}, who, "scratch gu");
+    hymix::detail::require_unit_stride(x, 1, who, "x", true);
+    hymix::detail::require_unit_stride(gu, 1, who, "scratch gu", true);
+    hymix::detail::require_unit_stride(y, 1, who, "y", true);
+    hymix::detail::require_no_overlap(y, "y", x, "x", who);
+    hymix::detail::require_no_overlap(y, "y", gu, "scratch gu", who);
+}
+}  // namespace detail
+
 /// SwiGLU forward. x [M, d], w.gate_up [2F, d] (prepared), w.down_proj [d, F]; scratch gu [M, 2F]; y [M, d].
-/// y must not alias x. fp32, parallel inside the projections.
+/// y must not alias x. fp32, parallel inside the projections. Throws shape_error naming "swiglu" and the argument.
 template <cpu_backend_type Backend>
 void swiglu(const Backend& be, const swiglu_weights& w, tensor_view<const float, 2> x, tensor_view<float, 2> gu,
             tensor_view<float, 2> y) {
+    detail::require_swiglu_args(w, x, gu, y, "swiglu", true);
     const std::int64_t M = x.dim(0), F = w.down_proj.dim(1);
-    gu.require_shape({M, 2 * F}, "swiglu: scratch");
     linear(be, x, w.gate_up, nullptr, gu);
     // Compact silu(g) ⊙ u into the first F columns of each row, then project down from that strided view.
     for (std::int64_t m = 0; m < M; ++m) {

@@ -156,7 +156,7 @@ struct attention_weights {
     static attention_weights random(const attention_config& c, std::uint64_t seed) {
         c.validate();
         std::mt19937_64 g(seed);
-        auto fill = [&g](tensor<float>& t, float lo, float hi) {
+        auto fill = [&g](auto& t, float lo, float hi) {  // tensor<float> or linear_weight
             std::uniform_real_distribution<float> d(lo, hi);
             for (auto& v : t.span()) v = d(g);
         };
@@ -185,7 +185,7 @@ private:
     template <class W, class F>
     static void visit(W& w, F& f) {
         const auto one = [&f](const char* name, auto& t) {
-            if (t.rank() > 0) f(std::string_view(name), t);  // present (a 16-bit weight has no fp32 data)
+            if (t.rank() > 0) visit_param(f, std::string_view(name), t);  // present (a 16-bit weight has no fp32 data)
         };
         one("q_proj.weight", w.q_proj);
         one("k_proj.weight", w.k_proj);

@@ -149,7 +149,7 @@ private:
     template <class Self, class F>
     static void visit(Self& w, F&& f) {
         auto v = [&](const char* name, auto& t) {
-            if (t.rank() > 0) f(std::string_view(name), t);
+            if (t.rank() > 0) visit_param(f, std::string_view(name), t);
         };
         v("in_proj_qkv.weight", w.in_proj_qkv);
         v("in_proj_z.weight", w.in_proj_z);
@@ -638,8 +638,8 @@ void gated_deltanet::backward(const B& be, const seq_batch& batch, const train_c
     ops::zero_rows(be, dqkv, keep);
     // 7. The input projections: dx = dqkv W_qkv + dz W_z + db W_b + da W_a; their weight gradients.
     ops::linear_backward(be, x, w_.in_proj_qkv.view<2>(), tensor_view<const float, 2>(dqkv), dx, gw.in_proj_qkv.view<2>(), nullptr);
-    const std::pair<tensor_view<float, 2>, const tensor<float>*> rest[] = {{dz, &w_.in_proj_z}, {db, &w_.in_proj_b}, {da, &w_.in_proj_a}};
-    tensor<float>* grads[] = {&gw.in_proj_z, &gw.in_proj_b, &gw.in_proj_a};
+    const std::pair<tensor_view<float, 2>, const linear_weight*> rest[] = {{dz, &w_.in_proj_z}, {db, &w_.in_proj_b}, {da, &w_.in_proj_a}};
+    linear_weight* grads[] = {&gw.in_proj_z, &gw.in_proj_b, &gw.in_proj_a};
     for (std::size_t i = 0; i < 3; ++i) {
         ops::linear_backward(be, x, rest[i].second->view<2>(), tensor_view<const float, 2>(rest[i].first), tmp, grads[i]->view<2>(), nullptr);
         ops::add_rows(be, dx, tensor_view<const float, 2>(tmp), keep);

@@ -176,7 +176,7 @@ struct mamba2_weights {
     static mamba2_weights random(const mamba2_config& cfg, std::uint64_t seed) {
         cfg.validate();
         std::mt19937_64 gen(seed);
-        auto fill_uniform = [&](tensor<float>& t, double lo, double hi) {
+        auto fill_uniform = [&](auto& t, double lo, double hi) {  // tensor<float> or linear_weight
             std::uniform_real_distribution<double> u(lo, hi);
             for (auto& v : t.span()) v = static_cast<float>(u(gen));
         };
@@ -214,7 +214,7 @@ private:
     template <class Self, class F>
     static void visit(Self& w, F& f) {
         const auto v = [&](std::string_view name, auto& t) {
-            if (t.rank() > 0) f(name, t);  // present (a 16-bit weight has no fp32 data)
+            if (t.rank() > 0) visit_param(f, name, t);  // present (a 16-bit weight has no fp32 data)
         };
         v("in_proj.weight", w.in_proj);
         v("in_proj.bias", w.in_proj_bias);

@@ -744,7 +744,7 @@ void oryx::backward(const B& be, const seq_batch& batch, const train_cache& tc, 
     (void)K;
     // 6. The input projections: dx = Σ d(proj) W_proj (+ the attention rows' query term); their weight gradients.
     ops::linear_backward(be, x, w_.q_lin_proj.view<2>(), tensor_view<const float, 2>(dqlp), dx, gw.q_lin_proj.view<2>(), nullptr);
-    const auto accum = [&](tensor_view<float, 2> dp, const tensor<float>& w, tensor<float>& dw) {
+    const auto accum = [&](tensor_view<float, 2> dp, const linear_weight& w, linear_weight& dw) {
         ops::linear_backward(be, x, w.view<2>(), tensor_view<const float, 2>(dp), tmp, dw.view<2>(), nullptr);
         ops::add_rows(be, dx, tensor_view<const float, 2>(tmp), all);
     };

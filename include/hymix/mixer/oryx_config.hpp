@@ -104,12 +104,12 @@ struct basic_oryx_weights {
     /// Throws shape_error naming the first tensor whose shape differs from the config (or that the other instance uses).
     void validate(const oryx_config& c) const {
         const std::int64_t d = c.d_model, H = c.n_heads, HD = c.inner();
-        auto need = [](const tensor<T>& t, std::vector<std::int64_t> want, const char* name) {
+        auto need = [](const auto& t, std::vector<std::int64_t> want, const char* name) {  // tensor<T> or linear_weight
             if (t.shape() != want)
                 throw shape_error(std::string("oryx_weights: ") + name + ": expected shape " + shape_string(want) + ", found " +
                                   (t.rank() == 0 ? std::string("none") : shape_string(t.shape())));
         };
-        auto absent = [](const tensor<T>& t, const char* name, const char* inst) {
+        auto absent = [](const auto& t, const char* name, const char* inst) {
             if (t.rank() != 0)
                 throw shape_error(std::string("oryx_weights: ") + name + " is not used by the " + inst + " instance, found shape " +
                                   shape_string(t.shape()));
@@ -237,7 +237,7 @@ private:
     template <class Self, class F>
     static void visit(Self& s, F& f) {
         auto one = [&](std::string_view n, auto& t) {
-            if (t.rank() != 0) f(n, t);
+            if (t.rank() != 0) visit_param(f, n, t);
         };
         one("q_attn_proj.weight", s.q_attn_proj);
         one("q_lin_proj.weight", s.q_lin_proj);

@@ -163,7 +163,8 @@ S make_amor(Backbone bb, amor_config c, std::uint64_t seed) {
 }
 
 /// Writes the AMOR part of `m` (its layers from `first_amor_layer` on, norm_f, final_norm) to `path` with the spec.md §5.8
-/// names, the gate buffers and `c` as the `config` metadata entry; atomically. Throws io_error.
+/// names, the gate buffers and `c` as the `config` metadata entry; atomically. Throws io_error, and config_error (writing
+/// nothing) where a block's projections are stored as bf16 / f16.
 template <class S>
 void save_amor(S& m, std::int64_t first_amor_layer, amor_config c, const std::filesystem::path& path) {
     c.d_model = m.config().d_model;
@@ -175,10 +176,16 @@ void save_amor(S& m, std::int64_t first_amor_layer, amor_config c, const std::fi
         const std::int64_t i = l - first_amor_layer;
         const std::string p = "amor_blocks." + std::to_string(i) + ".";
         const auto& aw = blk.mixer().weights();
-        w.add(p + "q_proj.weight", aw.q_proj);
-        w.add(p + "kv_proj.k_proj.weight", aw.k_proj);
-        w.add(p + "kv_proj.v_proj.weight", aw.v_proj);
-        w.add(p + "out_proj.weight", aw.o_proj);
+        const auto f32 = [&](const linear_weight& t, const char* name) -> const tensor<float>& {
+            if (!t.is_f32())
+                throw config_error("save_amor: layer " + std::to_string(l) + "'s " + name + " is stored as " + weight_dtype_name(t.storage()) +
+                                   " for inference; AMOR files hold fp32 weights (store_weights_as(dtype::f32) first)");
+            return t.f32();
+        };
+        w.add(p + "q_proj.weight", f32(aw.q_proj, "q_proj"));
+        w.add(p + "kv_proj.k_proj.weight", f32(aw.k_proj, "k_proj"));
+        w.add(p + "kv_proj.v_proj.weight", f32(aw.v_proj, "v_proj"));
+        w.add(p + "out_proj.weight", f32(aw.o_proj, "o_proj"));
         w.add(p + "raw_alpha", blk.raw_alpha());
         if constexpr (requires { blk.gate().running_threshold(); }) {
             const float mt = blk.gate().running_threshold(), st = blk.gate().running_std();

@@ -24,6 +24,7 @@
 #include "hymix/core/tensor.hpp"
 #include "hymix/schedule/layer_schedule.hpp"
 #include "hymix/models/amor.hpp"
+#include "hymix/models/check_weights.hpp"
 #include "hymix/models/checkpoint.hpp"
 #include "hymix/models/hf_mamba2.hpp"
 #include "hymix/models/hf_qwen3_5.hpp"
@@ -60,7 +61,7 @@ struct any_stack {
     virtual const std::vector<block_stats>& stats(any_cache&) const = 0;
     virtual void store_weights_as(dtype) = 0;
     virtual dtype weight_dtype() const = 0;
-    virtual std::size_t weight_bytes() = 0;  // reads only (for_each_param has no const form)
+    virtual std::size_t weight_bytes() const = 0;
 };
 
 template <class B, class Stack>
@@ -93,16 +94,7 @@ struct stack_holder final : any_stack<B> {
     const std::vector<block_stats>& stats(any_cache& c) const override { return get(c).c.stats(); }
     void store_weights_as(dtype d) override { m.store_weights_as(d); }
     dtype weight_dtype() const override { return m.weight_dtype(); }
-    std::size_t weight_bytes() override {
-        std::size_t n = 0;
-        m.for_each_param([&](const std::string&, const auto& t) {
-            if constexpr (is_linear_weight_v<decltype(t)>)
-                n += t.stored_bytes();
-            else
-                n += static_cast<std::size_t>(t.numel()) * sizeof(float);
-        });
-        return n;
-    }
+    std::size_t weight_bytes() const override { return m.weight_bytes(); }
     void forward(const B& be, any_cache& c, const seq_batch& b, std::span<const std::int32_t> tok,
                  tensor_view<float, 2> logits, bool last_only, std::span<const unsigned char> modes) const override {
         if (last_only)
@@ -123,6 +115,10 @@ std::unique_ptr<any_stack<B>> hold(Stack s, model_info& info) {
 }
 
 }  // namespace detail
+
+/// What loading does with weights holding NaN or ±Inf: refuse them (nonfinite_error naming the tensor; the default),
+/// or allow them (a damaged checkpoint examined on purpose: its results may be non-finite).
+enum class nonfinite_weights { refuse, allow };
 
 /// A checkpoint loaded into the compiled stack for its family, with a backend of type B of its own.
 template <backend B>
@@ -146,9 +142,11 @@ public:
     /// Loads `dir` (config.json + model.safetensors or model.safetensors.index.json; f32/bf16/f16 weights, kept in
     /// fp32). threads 0 = every core (the reference backend always runs on one). Throws io_error (missing files), format_error (malformed files, missing or
     /// extra tensors), shape_error (a tensor's shape, named with expected and found), config_error (unsupported
-    /// model_type or setting).
-    static basic_auto_model load(const std::filesystem::path& dir, int threads = 0) {
+    /// model_type or setting), and nonfinite_error naming the first tensor holding NaN / ±Inf (scanned before any is
+    /// converted) unless `nonfinite` is nonfinite_weights::allow.
+    static basic_auto_model load(const std::filesystem::path& dir, int threads = 0, nonfinite_weights nonfinite = nonfinite_weights::refuse) {
         models::checkpoint_reader rd(dir);
+        if (nonfinite == nonfinite_weights::refuse) models::require_finite_weights(rd.weights());
         const auto& j = rd.config();
         basic_auto_model am;
         am.be_ = std::make_unique<B>(threads);
@@ -180,11 +178,16 @@ public:
 
     /// A post-hoc AMOR model (spec.md §5): the backbone checkpoint `dir` (HF Mamba-2, or a Qwen3.5 stack of Gated
     /// DeltaNet layers) plus the AMOR file `amor` (models/amor.hpp). Throws as load, plus config_error when the AMOR
-    /// file's backbone kind or sizes do not match the checkpoint.
-    static basic_auto_model load(const std::filesystem::path& dir, const std::filesystem::path& amor, int threads = 0) {
+    /// file's backbone kind or sizes do not match the checkpoint; non-finite values in either file as load.
+    static basic_auto_model load(const std::filesystem::path& dir, const std::filesystem::path& amor, int threads = 0,
+                                 nonfinite_weights nonfinite = nonfinite_weights::refuse) {
         models::checkpoint_reader rd(dir);
         const auto& j = rd.config();
         const auto ac = models::read_amor_config(amor);
+        if (nonfinite == nonfinite_weights::refuse) {
+            models::require_finite_weights(rd.weights());
+            models::require_finite_weights(safetensors::file(amor));
+        }
         basic_auto_model am;
         am.be_ = std::make_unique<B>(threads);
         am.info_.model_type = io::require<std::string>(j, "model_type", rd.config_path());
@@ -218,7 +221,8 @@ public:
     void store_weights_as(dtype d) { impl_->store_weights_as(d); }
     /// The projection weights' storage type (f32 unless some are kept in 16 bits; model::weight_dtype).
     dtype weight_dtype() const { return impl_->weight_dtype(); }
-    /// Bytes of every parameter as stored (16-bit projections count 2 bytes per value).
+    /// Bytes the weights occupy in memory (model::weight_bytes): every parameter as stored (16-bit projections 2 bytes
+    /// per value) plus the MLPs' fused gate|up copy.
     std::size_t weight_bytes() const { return impl_->weight_bytes(); }
     /// Statistics of the gated blocks of the last forward call on cache `c` (one entry per gated block: layer, gate,
     /// rows, fired rows and per-row scores such as AMOR's normalised entropies). Empty for ungated models.

@@ -85,15 +85,32 @@ inline std::vector<nonfinite_tensor> find_nonfinite_weights(const safetensors::s
     }
     return bad;
 }
+/// The same for one safetensors file (an AMOR file, say), in the file's order.
+inline std::vector<nonfinite_tensor> find_nonfinite_weights(const safetensors::file& f) {
+    std::vector<nonfinite_tensor> bad;
+    for (const auto& t : f.tensors()) {
+        auto r = scan_nonfinite(f, t);
+        if (r.count > 0) bad.push_back(std::move(r));
+    }
+    return bad;
+}
 
-/// Throws nonfinite_error naming the first tensor with non-finite values (and how many other tensors have some).
-/// `hint` is appended to the message (e.g. the option that allows such weights).
-inline void require_finite_weights(const safetensors::sharded_file& ck, const std::string& hint = {}) {
-    const auto bad = find_nonfinite_weights(ck);
+namespace detail {
+inline void throw_if_nonfinite(const std::vector<nonfinite_tensor>& bad, const std::string& hint) {
     if (bad.empty()) return;
     std::string m = "checkpoint " + bad.front().describe();
     if (bad.size() > 1) m += " (and " + std::to_string(bad.size() - 1) + " more tensors hold non-finite values)";
     throw nonfinite_error(m + hint);
+}
+}  // namespace detail
+
+/// Throws nonfinite_error naming the first tensor with non-finite values (and how many other tensors have some).
+/// `hint` is appended to the message (e.g. the option that allows such weights).
+inline void require_finite_weights(const safetensors::sharded_file& ck, const std::string& hint = {}) {
+    detail::throw_if_nonfinite(find_nonfinite_weights(ck), hint);
+}
+inline void require_finite_weights(const safetensors::file& f, const std::string& hint = {}) {
+    detail::throw_if_nonfinite(find_nonfinite_weights(f), hint);
 }
 
 /// The same for the checkpoint of a model directory (model.safetensors or a sharded index).

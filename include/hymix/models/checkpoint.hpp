@@ -85,6 +85,8 @@ public:
     /// "…/model.safetensors" (or the index), for error messages.
     const std::string& weights_path() const noexcept { return weights_name_; }
     bool contains(std::string_view name) const { return weights_.contains(name); }
+    /// The opened weights (every shard).
+    const safetensors::sharded_file& weights() const noexcept { return weights_; }
 
     /// The fp32 copy of tensor `name`, whose shape must equal `shape` (-1 matches any size). Throws format_error
     /// when the tensor is missing, shape_error on a shape mismatch, dtype_error for a non-float dtype; each names

@@ -108,7 +108,7 @@ Stack load_hf_mamba2(checkpoint_reader& rd) {
                                 : "backbone.embedding.weight";
     w.embedding = rd.take(emb, {dV, dd});
     w.final_norm = rd.take("backbone.norm_f.weight", {dd});
-    w.lm_head = rd.take_lm_head(c.stack.tie_embeddings, j.describe("tie_word_embeddings", "false"), w.embedding, {dV, dd}, emb);
+    w.lm_head = rd.take_lm_head(c.stack.tie_embeddings, j.describe("tie_word_embeddings", "false"), w.embedding.f32(), {dV, dd}, emb);
     const std::string conv_bias = j.describe("use_conv_bias", "true"), proj_bias = j.describe("use_bias", "false");
     std::vector<typename Stack::layer> layers;
     layers.reserve(static_cast<std::size_t>(c.n_layers));

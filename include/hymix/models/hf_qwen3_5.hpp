@@ -202,7 +202,7 @@ Stack load_hf_qwen3_5(checkpoint_reader& rd) {
     stack_weights w;
     w.embedding = rd.take(P + "embed_tokens.weight", {dV, dd});
     w.final_norm = rd.take(P + "norm.weight", {dd});
-    w.lm_head = rd.take_lm_head(c.stack.tie_embeddings, tie_text, w.embedding, {dV, dd}, P + "embed_tokens.weight");
+    w.lm_head = rd.take_lm_head(c.stack.tie_embeddings, tie_text, w.embedding.f32(), {dV, dd}, P + "embed_tokens.weight");
     std::vector<typename Stack::layer> layers;
     layers.reserve(static_cast<std::size_t>(c.n_layers));
     for (std::int64_t i = 0; i < c.n_layers; ++i) {

@@ -142,7 +142,7 @@ inline oryx_lm_stack load_oryx_lm(checkpoint_reader& rd) {
     stack_weights w;
     w.embedding = rd.take("model.embed_tokens.weight", {dV, dd});
     w.final_norm = rd.take("model.norm.weight", {dd});
-    w.lm_head = rd.take_lm_head(c.stack.tie_embeddings, j.describe("tie_word_embeddings", "false"), w.embedding, {dV, dd},
+    w.lm_head = rd.take_lm_head(c.stack.tie_embeddings, j.describe("tie_word_embeddings", "false"), w.embedding.f32(), {dV, dd},
                                 "model.embed_tokens.weight");
     std::vector<oryx_lm_stack::layer> layers;
     layers.reserve(static_cast<std::size_t>(c.n_layers));

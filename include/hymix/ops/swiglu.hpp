@@ -31,7 +31,7 @@ template <>
 struct op_impl<ops::swiglu_op, reference_backend> {
     static void run(const reference_backend&, const swiglu_weights& w, tensor_view<const float, 2> x, tensor_view<float, 2>,
                     tensor_view<float, 2> y) {
-        y.require_shape(x.shape, "swiglu", "y");
+        kernels::detail::require_swiglu_args(w, x, {}, y, "swiglu", false);
         kernels::swiglu_ref(w, x, y);
     }
 };

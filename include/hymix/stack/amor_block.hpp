@@ -90,12 +90,12 @@ public:
                                std::to_string(d));
     }
 
-    /// f(name, tensor&) for "<prefix>.norm", "<prefix>.mixer.<attention names>", "<prefix>.raw_alpha".
+    /// f(name, p) (see visit_param) for "<prefix>.norm", "<prefix>.mixer.<attention names>", "<prefix>.raw_alpha".
     template <class F>
     void for_each_param(const std::string& prefix, F&& f) {
-        f(prefix + ".norm", norm_);
-        attn_.weights_mut().for_each([&](std::string_view n, auto& t) { f(prefix + ".mixer." + std::string(n), t); });
-        f(prefix + ".raw_alpha", raw_alpha_);
+        visit_param(f, prefix + ".norm", norm_);
+        attn_.weights_mut().for_each([&](std::string_view n, auto& t) { visit_param(f, prefix + ".mixer." + std::string(n), t); });
+        visit_param(f, prefix + ".raw_alpha", raw_alpha_);
     }
     void weights_changed() {}
 

@@ -183,17 +183,17 @@ public:
     /// Mutable weights for training (the optimizer updates them in place; call weights_changed() afterwards).
     stack_weights& weights_mut() noexcept { return w_; }
 
-    /// f(name, tensor<float>&) for every parameter in a fixed order: "embedding", then each layer's block
+    /// f(name, p) for every parameter in a fixed order: "embedding", then each layer's block
     /// ("layers.{i}.norm", "layers.{i}.mixer.<name>", ...), "final_norm", and "lm_head" unless tied.
     template <class F>
     void for_each_param(F&& f) {
-        f(std::string("embedding"), w_.embedding);
+        visit_param(f, std::string("embedding"), w_.embedding);
         for (std::size_t l = 0; l < blocks_.size(); ++l)
             std::visit([&](auto& blk) {
                 if constexpr (requires { blk.for_each_param(std::string(), f); }) blk.for_each_param("layers." + std::to_string(l), f);
             }, blocks_[l]);
-        f(std::string("final_norm"), w_.final_norm);
-        if (!cfg_.tie_embeddings) f(std::string("lm_head"), w_.lm_head);
+        visit_param(f, std::string("final_norm"), w_.final_norm);
+        if (!cfg_.tie_embeddings) visit_param(f, std::string("lm_head"), w_.lm_head);
     }
     /// Lets every block re-derive what it caches from its weights after they changed.
     void weights_changed() {
@@ -224,6 +224,22 @@ public:
             std::visit([&](auto& blk) {
                 if constexpr (requires { blk.store_cached_weights_as(d); }) blk.store_cached_weights_as(d);
             }, b);
+    }
+    /// Bytes the weights occupy in memory: every parameter as stored (fp32, or the projections' bf16 / f16) plus what
+    /// blocks derive from them (the MLPs' fused gate|up copy).
+    std::size_t weight_bytes() const {
+        std::size_t n = 0;
+        const_cast<model&>(*this).for_each_param([&](const std::string&, const auto& t) {  // reads only
+            if constexpr (is_linear_weight_v<decltype(t)>)
+                n += t.stored_bytes();
+            else
+                n += static_cast<std::size_t>(t.numel()) * sizeof(float);
+        });
+        for (const auto& b : blocks_)
+            std::visit([&](const auto& blk) {
+                if constexpr (requires { blk.cached_weight_bytes(); }) n += blk.cached_weight_bytes();
+            }, b);
+        return n;
     }
     /// The storage type of the projection weights, read off the weights themselves: the first one not stored as f32
     /// (so a model assembled from 16-bit weights reports them too), else dtype::f32. Sets `name` to that weight's name.

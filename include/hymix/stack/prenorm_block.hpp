@@ -77,24 +77,30 @@ public:
     tensor<float>& mlp_norm_mut() noexcept { return mlp_norm_; }
     typename Mlp::weights_type& mlp_mut() noexcept { return mlp_; }
 
-    /// f(name, tensor<float>&) for every parameter, named "<prefix>.norm", "<prefix>.mixer.<mixer's name>",
+    /// f(name, p) for every parameter (p a tensor<float> or a linear_weight, as core/linear_weight.hpp's visit_param
+    /// passes it), named "<prefix>.norm", "<prefix>.mixer.<mixer's name>",
     /// "<prefix>.mlp_norm", "<prefix>.mlp.{gate_proj,up_proj,down_proj}" (mixers without a `for_each` on their
     /// weights contribute nothing).
     template <class F>
     void for_each_param(const std::string& prefix, F&& f) {
-        f(prefix + ".norm", norm_);
+        visit_param(f, prefix + ".norm", norm_);
         if constexpr (requires { mixer_.weights_mut().for_each(f); })
-            mixer_.weights_mut().for_each([&](std::string_view n, auto& t) { f(prefix + ".mixer." + std::string(n), t); });
+            mixer_.weights_mut().for_each([&](std::string_view n, auto& t) { visit_param(f, prefix + ".mixer." + std::string(n), t); });
         if constexpr (Mlp::present) {
-            f(prefix + ".mlp_norm", mlp_norm_);
-            f(prefix + ".mlp.gate_proj", mlp_.gate_proj);
-            f(prefix + ".mlp.up_proj", mlp_.up_proj);
-            f(prefix + ".mlp.down_proj", mlp_.down_proj);
+            visit_param(f, prefix + ".mlp_norm", mlp_norm_);
+            visit_param(f, prefix + ".mlp.gate_proj", mlp_.gate_proj);
+            visit_param(f, prefix + ".mlp.up_proj", mlp_.up_proj);
+            visit_param(f, prefix + ".mlp.down_proj", mlp_.down_proj);
         }
     }
     /// Stores what the block derived from its weights (the MLP's fused gate|up matrix) as `d` (model::store_weights_as).
     void store_cached_weights_as(dtype d) {
         if constexpr (Mlp::present) mlp_.gate_up.store_as(d, "mlp.gate_up");
+    }
+    /// Bytes of what the block derives from its weights (the MLP's fused gate|up matrix, as stored).
+    std::size_t cached_weight_bytes() const noexcept {
+        if constexpr (Mlp::present) return mlp_.gate_up.stored_bytes();
+        else return 0;
     }
     /// Re-derives what the block caches from its weights (the MLP's fused gate|up matrix) after an update.
     void weights_changed() {

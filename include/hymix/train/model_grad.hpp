@@ -210,8 +210,8 @@ batch_loss loss_and_grad(const B& be, Model& m, Model& g, activations<Model>& a,
     a.losses.assign(static_cast<std::size_t>(n), 0.0f);
     a.dh = tensor<float>({n, d});
     auto& gw = g.weights_mut();
-    tensor<float>& dhead = m.config().tie_embeddings ? gw.embedding : gw.lm_head;
-    ops::cross_entropy(be, a.h_final.template view<2>(), m.head(), std::span<const std::int32_t>(tgt), std::span<float>(a.losses),
+    tensor<float>& dhead = m.config().tie_embeddings ? gw.embedding.f32() : gw.lm_head.f32();
+    ops::cross_entropy(be, a.h_final.template view<2>(), m.head().template view<2>(), std::span<const std::int32_t>(tgt), std::span<float>(a.losses),
                        a.dh.template view<2>(), dhead.template view<2>(), grad_scale);
     batch_loss out;
     for (std::int64_t r = 0; r < n; ++r)

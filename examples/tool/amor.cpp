@@ -13,8 +13,10 @@
 #include "hymix/backend/cpu.hpp"
 #include "hymix/models/amor.hpp"
 #include "hymix/models/checkpoint.hpp"
+#include "hymix/train/plot.hpp"
 #include "hymix/train/trainer.hpp"
 #include "load.hpp"
+#include "amor_sweep.hpp"
 #include "tool.hpp"
 
 namespace tool {
@@ -104,6 +106,107 @@ int run_amor_train(const common_options& c, const amor_train_options& o) {
                                                              corpus, resume);
     return train_amor<hymix::models::amor_gdn_stack<>>(c, o, hymix::models::load_hf_qwen3_5<hymix::models::qwen3_5_gdn_stack>(rd), "gdn", corpus,
                                                       resume);
+}
+
+namespace {
+
+/// One row of a sweep: the model variant, the window and what the held-out protocol measured.
+struct sweep_row {
+    std::string variant;  // "backbone", "always_on", or "kappa"
+    double kappa = 0;
+    std::int64_t window = 0;
+    hymix::train::heldout_stats r;
+    double mean_fire() const {
+        if (r.fire_rate.empty()) return variant == "backbone" ? 0.0 : 1.0;
+        double s = 0;
+        for (double f : r.fire_rate) s += f;
+        return s / static_cast<double>(r.fire_rate.size());
+    }
+};
+
+template <class S, class Backbone>
+int sweep_amor(const common_options& c, const amor_sweep_options& o, Backbone bb, const hymix::train::byte_corpus& corpus) {
+    hymix::cpu_backend be(c.threads);
+    const std::span<const std::uint8_t> text(corpus.bytes);
+    const std::int64_t n = std::min<std::int64_t>(o.eval_bytes, corpus.n_heldout());
+    std::vector<sweep_row> rows;
+    auto report = [&](sweep_row row) {
+        std::string rates;
+        for (double f : row.r.fire_rate) rates += fmt::format(" {:.4f}", f);
+        fmt::print("{:<9} kappa {:>7} window {:>5}: bits/byte {:.5f}  fire rate mean {:.4f}{}{}\n", row.variant,
+                   row.variant == "kappa" ? fmt::format("{:.3f}", row.kappa) : std::string("-"), row.window, row.r.bits_per_byte,
+                   row.mean_fire(), rates.empty() ? "" : "  per block:", rates);
+        std::fflush(stdout);
+        rows.push_back(std::move(row));
+    };
+    for (std::int64_t L : o.windows) {
+        if (n <= L) throw usage_error(fmt::format("--window {}: the held-out range has only {} bytes (--eval-bytes {})", L, n, o.eval_bytes));
+        report({"backbone", 0, L, hymix::train::evaluate_heldout(be, bb, text, corpus.train_end, n, L)});
+    }
+    S m = hymix::models::load_amor<S>(std::move(bb), c.amor);
+    auto for_gates = [&](auto&& f) {
+        for (std::int64_t l = 0; l < m.n_layers(); ++l)
+            std::visit([&](auto& blk) {
+                if constexpr (requires { blk.gate().set_kappa(0.0f); }) f(blk.gate());
+            }, m.layer_at(l));
+    };
+    const auto trained = hymix::models::read_amor_config(c.amor);
+    console::note("amor-sweep: {} AMOR blocks trained with κ {}{}; held-out bytes [{}, {}) of '{}'; {} threads", trained.n_amor_blocks,
+                  trained.gate.kappa, trained.always_on ? " (always on)" : "", corpus.train_end, corpus.train_end + n, o.text,
+                  be.num_threads());
+    for (float k : o.kappas) {
+        for_gates([&](auto& g) { g.set_always_on(false), g.set_kappa(k); });
+        for (std::int64_t L : o.windows) report({"kappa", k, L, hymix::train::evaluate_heldout(be, m, text, corpus.train_end, n, L)});
+    }
+    for_gates([&](auto& g) { g.set_always_on(true); });
+    for (std::int64_t L : o.windows) report({"always_on", 0, L, hymix::train::evaluate_heldout(be, m, text, corpus.train_end, n, L)});
+
+    if (!o.csv.empty()) {
+        std::string csv = "variant,kappa,window,bits_per_byte,scored_bytes,fire_rate_mean";
+        const std::size_t nb = static_cast<std::size_t>(trained.n_amor_blocks);
+        for (std::size_t b = 0; b < nb; ++b) csv += fmt::format(",fire_rate_block{}", b);
+        csv += "\n";
+        for (const auto& r : rows) {
+            csv += fmt::format("{},{},{},{:.6f},{},{:.6f}", r.variant, r.variant == "kappa" ? fmt::format("{:g}", r.kappa) : "", r.window,
+                               r.r.bits_per_byte, r.r.scored, r.mean_fire());
+            for (std::size_t b = 0; b < nb; ++b)
+                csv += b < r.r.fire_rate.size() ? fmt::format(",{:.6f}", r.r.fire_rate[b]) : std::string(r.variant == "backbone" ? ",0" : ",1");
+            csv += "\n";
+        }
+        hymix::train::detail::write_text_atomic(o.csv, csv);
+        fmt::print("wrote {}\n", o.csv.string());
+    }
+    if (!o.svg.empty()) {
+        hymix::train::plot_spec p;
+        p.title = fmt::format("AMOR on {}: held-out bits/byte against the fraction of tokens that attend (κ swept at inference)",
+                              m.config().vocab_size == 256 ? std::filesystem::path(c.model).filename().string() : c.model);
+        p.x_label = "fire rate (mean over blocks)";
+        p.y_label = "bits/byte";
+        for (std::int64_t L : o.windows) {
+            hymix::train::plot_series s{fmt::format("window {}", L), {}, "", true};
+            for (const auto& r : rows)
+                if (r.window == L) s.points.emplace_back(r.mean_fire(), r.r.bits_per_byte);
+            std::sort(s.points.begin(), s.points.end());
+            p.series.push_back(std::move(s));
+        }
+        hymix::train::write_svg(o.svg, p);
+        fmt::print("wrote {}\n", o.svg.string());
+    }
+    return exit_ok;
+}
+
+}  // namespace
+
+int run_amor_sweep(const common_options& c, const amor_sweep_options& o) {
+    if (c.amor.empty()) throw usage_error("amor-sweep needs --amor FILE (and the backbone as --model)");
+    if (o.kappas.empty()) throw usage_error("amor-sweep: --kappa needs at least one value");
+    const auto dir = resolve_model_dir(c.model);
+    const auto corpus = hymix::train::byte_corpus::load(o.text);
+    hymix::models::checkpoint_reader rd(dir);
+    const auto mt = rd.config().value("model_type", "");
+    if (mt == "mamba2")
+        return sweep_amor<hymix::models::amor_mamba2_stack<>>(c, o, hymix::models::load_hf_mamba2<hymix::models::hf_mamba2_stack>(rd), corpus);
+    return sweep_amor<hymix::models::amor_gdn_stack<>>(c, o, hymix::models::load_hf_qwen3_5<hymix::models::qwen3_5_gdn_stack>(rd), corpus);
 }
 
 }  // namespace tool

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The `hymix` tool's own tests on a tiny random checkpoint written by `check tiny` (no shared files needed): exit
 # codes, messages for bad arguments, non-finite weights and results, generation options, short texts, logits.
-#   cli_test.sh TOOL CHECK WORK_DIR GROUP      (GROUP: args nonfinite generate score logits train)
+#   cli_test.sh TOOL CHECK WORK_DIR GROUP      (GROUP: args nonfinite generate score logits train amor)
 set -uo pipefail
 export LC_ALL=C  # strings are bytes
 tool=$1 check=$2 work=$3 group=$4
@@ -256,6 +256,42 @@ train)
         --linear-heads 2 --out "$work/oryx-r" --resume
     expect 1 "--schedule: .*unknown" score -m "$work/oryx-gdn/checkpoint-4" --schedule sometimes --text "$work/text.txt" --bytes 600
     expect 1 "--schedule: .*no per-token read-out modes" score -m "$work/a/checkpoint-24" --schedule all_linear --text "$work/text.txt" --bytes 600
+    ;;
+amor)
+    # AMOR on a tiny Mamba-2 backbone trained here: amor-train, then the κ sweep at inference and the trace page.
+    for i in $(seq 1 1200); do echo "$i the quick brown fox jumps over the lazy dog"; done >"$work/text.txt"
+    base=(--text "$work/text.txt" --batch 4 --seq-len 32 --warmup 2 --log-every 2 --eval-bytes 2048 --threads 1 --seed 5)
+    expect1 0 "held-out bits/byte" train --stack mamba2 "${base[@]}" --d-model 32 --layers 2 --head-dim 16 --d-state 8 --steps 4 --out "$work/bb"
+    bb=$work/bb/checkpoint-4
+    expect1 0 "held-out window 512: bits/byte [0-9.]+; fire rate per block: [0-9.]+ [0-9.]+" amor-train -m "$bb" "${base[@]}" \
+        --blocks 2 --heads 2 --head-dim 16 --kappa 0.2 --steps 6 --out "$work/am"
+    trained512=$(sed -n 's/^held-out window 512: bits\/byte \([0-9.]*\);.*/\1/p' "$work/all")
+    amor=$work/am/checkpoint-6/amor.safetensors
+    expect 0 "wrote .*sweep.svg" amor-sweep -m "$bb" --amor "$amor" --text "$work/text.txt" --eval-bytes 2048 --window 256,512 \
+        --kappa -1,0.2,100 --threads 1 --csv "$work/sweep.csv" --svg "$work/sweep.svg"
+    grep -q "<svg" "$work/sweep.svg" && echo "ok:   sweep.svg is an SVG" || { echo "FAIL: sweep.svg"; failures=$((failures + 1)); }
+    # Rows: backbone ×2, κ -1, 0.2, 100 ×2, always on ×2. The backbone never fires, always-on always does, κ 100 never;
+    # a lower κ fires at least as often; the trained κ's row is amor-train's own held-out figure.
+    awk -F, -v t="$trained512" '
+        NR == 1 { next }
+        { n++ }
+        $1 == "backbone" && $6 != 0 { bad = bad " backbone-fires" }
+        $1 == "always_on" && $6 != 1 { bad = bad " always_on-rate" }
+        $1 == "kappa" && $2 == 100 && $6 != 0 { bad = bad " kappa100-fires" }
+        $1 == "kappa" && $3 == 512 { rate[$2] = $6; if ($2 == 0.2) b = $4 }
+        END { if (n != 10) bad = bad " rows=" n
+              if (!(rate[-1] >= rate[0.2] && rate[0.2] >= rate[100])) bad = bad " not-monotone"
+              if (t == "" || b - t > 6e-6 || t - b > 6e-6) bad = bad " trained-kappa " b " vs " t
+              if (bad != "") { print "FAIL: sweep.csv:" bad; exit 1 } }' "$work/sweep.csv" \
+        && echo "ok:   sweep.csv rows agree (fire rates, the trained κ's figure)" || failures=$((failures + 1))
+    expect 1 "amor-sweep needs --amor" amor-sweep -m "$bb" --text "$work/text.txt"
+    expect 1 "--kappa: 'abc' is not a number" amor-sweep -m "$bb" --amor "$amor" --text "$work/text.txt" --kappa 0.2,abc
+    expect 1 "--window 4096: the held-out range has only 2048 bytes" amor-sweep -m "$bb" --amor "$amor" --text "$work/text.txt" \
+        --eval-bytes 2048 --window 4096
+    expect 0 "wrote .*trace.html \(512 bytes traced; fire rate per block: [0-9.]+ [0-9.]+\)" amor-trace -m "$bb" --amor "$amor" \
+        --text "$work/text.txt" --bytes 512 --out "$work/trace.html"
+    grep -q "</html>" "$work/trace.html" && echo "ok:   trace.html is whole" || { echo "FAIL: trace.html"; failures=$((failures + 1)); }
+    expect 0 "bits/byte [0-9.]+" score -m "$bb" --amor "$amor" --text "$work/text.txt" --bytes 600
     ;;
 *)
     echo "unknown group $group"

@@ -8,6 +8,7 @@
 //                  --minutes M --block-size B --p-attention P ...]
 //   hymix amor-train --model BACKBONE --text FILE [--blocks K --kappa κ --steps N ...]
 //   hymix amor-trace --model BACKBONE --amor FILE --text FILE [--offset O --bytes N --out PAGE.html]
+//   hymix amor-sweep --model BACKBONE --amor FILE --text FILE [--kappa K,K,... --window L,L --csv F --svg F]
 // This file defines the command line and maps failures to exit codes (tool.hpp); each command lives in its own
 // file. Tokens are bytes (the shared KJV checkpoints); the tokenizer is the replaceable hymix::byte_tokenizer.
 #include <cstdio>
@@ -23,6 +24,7 @@
 
 #include "cli.hpp"
 #include "hymix/core/finite.hpp"
+#include "amor_sweep.hpp"
 #include "tool.hpp"
 
 namespace {
@@ -70,7 +72,7 @@ int fail(int code, const std::string& message) {
 /// Every option of every command, and the values they set.
 struct command_line {
     CLI::App app{"hymix: run hybrid recurrent/attention language models (Hugging Face checkpoints) on the CPU"};
-    CLI::App *info = nullptr, *gen = nullptr, *score = nullptr, *logits = nullptr, *train = nullptr, *amor_train = nullptr, *amor_trace = nullptr;
+    CLI::App *info = nullptr, *gen = nullptr, *score = nullptr, *logits = nullptr, *train = nullptr, *amor_train = nullptr, *amor_trace = nullptr, *amor_sweep = nullptr;
     tool::common_options common;
     tool::generate_options generate;
     tool::score_options scoring;
@@ -80,6 +82,7 @@ struct command_line {
     tool::amor_train_options amor;
     std::string amor_lr_decay = "constant", amor_out = "hymix-amor";
     tool::amor_trace_options trace;
+    tool::amor_sweep_options sweep;
     std::int64_t trace_offset = 0;
     CLI::Option* trace_offset_opt = nullptr;
     // Values whose absence means something (random seed, context from config.json, range from the text).
@@ -141,6 +144,22 @@ struct command_line {
                                ->default_str("the held-out offset 4083327 for the KJV, else 0");
         amor_trace->add_option("--bytes", trace.bytes, "bytes traced (one sequence), 2 to 1048576")->check(whole(2, 1 << 20));
         amor_trace->add_option("--out,-o", trace.out, "HTML file to write");
+
+        amor_sweep = command("amor-sweep",
+                             "held-out bits/byte and fire rates of an AMOR model as κ is swept at inference (needs --amor), beside the "
+                             "backbone alone and the blocks always on",
+                             /*inference=*/false);
+        amor_sweep->add_option("--text", sweep.text, "text (bytes); the held-out part is the last 5%, as in training")->required();
+        amor_sweep->add_option("--kappa", sweep.kappas, "values of κ in τ = m̄ + κ·s̄ (the trained statistics m̄, s̄ are kept)")
+            ->delimiter(',')
+            ->check(decimal(-100, 100));
+        amor_sweep->add_option("--window", sweep.windows, "window lengths of the held-out protocol (shared/models/README.md)")
+            ->delimiter(',')
+            ->check(whole(2, 1 << 20));
+        amor_sweep->add_option("--eval-bytes", sweep.eval_bytes, "held-out bytes scored (from the start of the held-out part)")
+            ->check(whole(3, std::int64_t{1} << 40));
+        amor_sweep->add_option("--csv", sweep.csv, "CSV file to write (one row per variant and window)");
+        amor_sweep->add_option("--svg", sweep.svg, "SVG plot to write: bits/byte against the mean fire rate, one line per window");
     }
 
     /// The options of the training loop, shared by train and amor-train.
@@ -300,7 +319,7 @@ struct command_line {
 
     /// The command given (nullptr when none was), after parsing.
     CLI::App* chosen() const {
-        for (auto* c : {info, gen, score, logits, train, amor_train, amor_trace})
+        for (auto* c : {info, gen, score, logits, train, amor_train, amor_trace, amor_sweep})
             if (c->parsed()) return c;
         return nullptr;
     }
@@ -336,8 +355,8 @@ int main(int argc, char** argv) {
     const auto& stray = cl.app.remaining();
     if (!cmd)
         return fail(tool::exit_usage,
-                    stray.empty() ? "no command given (commands: info, generate, score, logits, train, amor-train, amor-trace; see hymix --help)"
-                                  : "unknown command '" + stray.front() + "' (commands: info, generate, score, logits, train, amor-train, amor-trace; see hymix --help)");
+                    stray.empty() ? "no command given (commands: info, generate, score, logits, train, amor-train, amor-trace, amor-sweep; see hymix --help)"
+                                  : "unknown command '" + stray.front() + "' (commands: info, generate, score, logits, train, amor-train, amor-trace, amor-sweep; see hymix --help)");
     if (!cmd->remaining().empty() || !stray.empty()) {
         auto extra = cmd->remaining();
         extra.insert(extra.end(), stray.begin(), stray.end());
@@ -352,6 +371,7 @@ int main(int argc, char** argv) {
         if (cmd == cl.train) return tool::run_train(cl.training);
         if (cmd == cl.amor_train) return tool::run_amor_train(cl.common, cl.amor);
         if (cmd == cl.amor_trace) return tool::run_amor_trace(cl.common, cl.trace);
+        if (cmd == cl.amor_sweep) return tool::run_amor_sweep(cl.common, cl.sweep);
         return tool::run_logits(cl.common, cl.logit_files);
     } catch (const tool::usage_error& e) {
         return fail(tool::exit_usage, e.what());

@@ -61,6 +61,27 @@ TEST_CASE("gate arithmetic of spec.md §8.23: EMA step before τ, strict compari
     CHECK_THROWS_AS(entropy_ema(entropy_ema_config{.momentum = 1.0f}), config_error);
 }
 
+TEST_CASE("set_kappa moves τ = m̄ + κ·s̄ at inference and keeps the statistics; fixed-offset gates refuse it") {
+    entropy_ema g(entropy_ema_config{.kappa = 0.2f, .init_threshold = 0.4f, .init_std = 0.1f});
+    g.set_kappa(1.5f);
+    CHECK(g.config().kappa == 1.5f);
+    CHECK(g.running_threshold() == 0.4f);
+    CHECK(g.running_std() == 0.1f);
+    CHECK(g.threshold() == doctest::Approx(0.55).epsilon(1e-6));
+    const std::vector<float> H{0.5f, 0.56f, 0.9f};
+    std::vector<unsigned char> fire(3);
+    g.fire_from(H, fire);
+    CHECK(fire == std::vector<unsigned char>{0, 1, 1});
+    g.set_kappa(-4.0f);  // τ = 0: every positive entropy fires
+    g.fire_from(H, fire);
+    CHECK(fire == std::vector<unsigned char>{1, 1, 1});
+    CHECK_THROWS_WITH_AS(g.set_kappa(std::numeric_limits<float>::quiet_NaN()), doctest::Contains("kappa must be finite"), config_error);
+    CHECK(g.config().kappa == -4.0f);  // a refused value changes nothing
+    entropy_ema fixed(entropy_ema_config{.offset_mode = amor_offset_mode::fixed, .gate_offset = 0.05f});
+    CHECK_THROWS_WITH_AS(fixed.set_kappa(0.5f), doctest::Contains("adaptive offset mode only"), config_error);
+    CHECK(fixed.threshold() == doctest::Approx(0.35).epsilon(1e-6));
+}
+
 TEST_CASE("streaming head entropy equals the explicit forms, over tiles and masked tiles") {
     const std::int64_t n = 7, d = 5, V = 301;
     const auto hv = test::uniform(static_cast<std::size_t>(n * d), -2.f, 2.f, 11);

@@ -164,6 +164,18 @@ public:
             throw value_error("entropy_ema: statistics must be finite, found " + std::to_string(m) + ", " + std::to_string(s));
         m_ = m, s_ = s;
     }
+    /// Moves the gate's operating point without touching the learned statistics: τ = m̄ + κ·s̄ in the adaptive mode
+    /// (this is how a trained block is swept over fire rates at inference, e.g. `hymix amor-sweep`); `always_on` makes
+    /// every token fire. Throws config_error for a non-finite κ, or for κ on a gate in the fixed offset mode (its knob
+    /// is gate_offset, left as trained).
+    void set_kappa(float kappa) {
+        if (!std::isfinite(kappa)) throw config_error("entropy_ema: kappa must be finite, found " + std::to_string(kappa));
+        if (cfg_.offset_mode != amor_offset_mode::adaptive)
+            throw config_error("entropy_ema: kappa applies in the adaptive offset mode only; this gate uses the fixed offset " +
+                               std::to_string(cfg_.gate_offset));
+        cfg_.kappa = kappa;
+    }
+    void set_always_on(bool on) noexcept { cfg_.always_on = on; }
     /// τ from the current statistics.
     float threshold() const noexcept {
         return cfg_.offset_mode == amor_offset_mode::adaptive ? m_ + cfg_.kappa * s_ : m_ + cfg_.gate_offset;

@@ -1,0 +1,21 @@
+# Runs scripts/amor_experiments.sh on a machine without network (the device machine's many-core host): Debian
+# packages unpacked from .debs/, the shared models and text copied into .shared_models/ (data/kjv.txt,
+# models/<name>/{config.json,model.safetensors}). Uses a carried tool in .tool/hymix when it runs there, else builds
+# it. The docs it writes are packed into $OUT/amor_docs.tar.gz.
+#   MINUTES=4 PARALLEL=6 THREADS=2 bash scripts/dev/device_amor.sh
+set -e
+mkdir -p /tmp/deps && for d in .debs/*.deb; do dpkg -x "$d" /tmp/deps; done
+export CMAKE_PREFIX_PATH=/tmp/deps/usr CPATH=/tmp/deps/usr/include LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu
+export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu
+tool=.tool/hymix
+if ! "$tool" --version >/dev/null 2>&1; then
+    echo "device_amor: building the tool here"
+    t0=$(date +%s)
+    cmake --preset release -DHYMIX_BUILD_TESTS=OFF -DHYMIX_BUILD_BENCHMARKS=OFF >/tmp/cfg.log 2>&1 || { tail -20 /tmp/cfg.log; exit 1; }
+    cmake --build build/release -j"$(nproc)" --target hymix_tool >/tmp/build.log 2>&1 || { grep -E 'error' -A5 /tmp/build.log | head -40; exit 1; }
+    echo "device_amor: built in $(( $(date +%s) - t0 )) s"
+    tool=build/release/examples/tool/hymix
+fi
+"$tool" --version
+SHARED=$PWD/.shared_models HYMIX=$tool bash scripts/amor_experiments.sh
+tar czf "$OUT/amor_docs.tar.gz" docs/amor build/amor_runs/*.out build/amor_runs/*.log build/amor_runs/*.sweep

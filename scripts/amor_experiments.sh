@@ -4,9 +4,10 @@
 # paper's setup: AdamW 1e-3, 100 warmup steps then constant, betas (0.9, 0.95), weight decay 0.1 on matrices, clip 1,
 # batches of 32 windows of 512 bytes, seed 1), then measures each with the held-out protocol of
 # shared/models/README.md (offset 4083327, 131072 bytes, whole windows of 512 and 2048): the backbone alone, the AMOR
-# stack at its trained κ, the same blocks always on, and a κ sweep at inference (fire rate against bits/byte). Writes
-# under docs/amor/: results.csv, results.md, sweep_<backbone>_<variant>.csv/.svg, trace.html (`hymix amor-trace` of
-# the κ 0.2 model on the first Mamba-2 backbone), and the runs' loss curves (loss_<backbone>_<variant>.csv/.svg).
+# stack as initialised (W_o = 0), at its trained κ, the same blocks always on, and a κ sweep at inference (fire rate
+# against bits/byte). Writes under docs/amor/: results.csv, results.md, sweep_<backbone>_<variant>.csv/.svg, trace.html
+# (`hymix amor-trace` of the κ 0.2 model on the first backbone), and the runs' loss curves
+# (loss_<backbone>_<variant>.csv/.svg).
 #
 # Usage: scripts/amor_experiments.sh                   (one command; progress on stderr)
 # Environment: SHARED (../shared), BACKBONES ("kjv-mamba2-byte kjv-gdn-byte"), VARIANTS ("k0.2 k0.77 always"),
@@ -75,10 +76,11 @@ for bb in $backbones; do
         cp "$dir/loss.svg" "$docs/loss_${bb}_$v.svg"
         read -r st tok secs tps < <(sed -n 's/^trained \([0-9]*\) steps (\([0-9]*\) tokens) in \([0-9.]*\) s: \([0-9]*\) tokens\/s.*/\1 \2 \3 \4/p' "$dir.out")
         k=$(kappa_of "$v")
-        awk -F, -v bb="$bb" -v v="$v" -v k="$k" -v st="$st" -v tok="$tok" -v secs="$secs" -v tps="$tps" '
+        awk -F, -v bb="$bb" -v v="$v" -v fv="${variants%% *}" -v k="$k" -v st="$st" -v tok="$tok" -v secs="$secs" -v tps="$tps" '
             NR == 1 { next }
             { what = "" }
-            $1 == "backbone" && v == "always" { what = "backbone" }
+            $1 == "backbone" && v == fv { what = "backbone" }
+            $1 == "untrained" && v == fv { what = "untrained" }
             $1 == "always_on" && v == "always" { what = "always_on" }
             $1 == "kappa" && v != "always" && ($2 + 0 == k + 0) { what = "gated" }
             what != "" { printf "%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n", bb, v, (v == "always" ? "" : k), st, tok, secs, tps,
@@ -109,12 +111,13 @@ fi
     echo
     echo "| backbone | model | steps | tokens | bpb @512 | fire rates @512 | bpb @2048 | fire rates @2048 |"
     echo "|---|---|---|---|---|---|---|---|"
-    awk -F, 'NR > 1 { name = ($8 == "backbone" ? "backbone alone" : $8 == "always_on" ? "+ AMOR always on" : "+ AMOR κ " $3)
+    awk -F, 'NR > 1 { name = ($8 == "backbone" ? "backbone alone" : $8 == "untrained" ? "+ AMOR untrained (W_o = 0)" : $8 == "always_on" ? "+ AMOR always on" : "+ AMOR κ " $3)
                       key = $1 "|" name
-                      if (!(key in seen)) { seen[key] = 1; order[++n] = key; s[key] = ($8 == "backbone" ? "-" : $4); t[key] = ($8 == "backbone" ? "-" : $5) }
+                      none = ($8 == "backbone" || $8 == "untrained")
+                      if (!(key in seen)) { seen[key] = 1; order[++n] = key; s[key] = (none ? "0" : $4); t[key] = (none ? "0" : $5) }
                       b[key, $9] = $10; f[key, $9] = ($8 == "backbone" ? "-" : sprintf("%.3f / %.3f / %.3f", $12, $13, $14)) }
              END { for (pass = 0; pass < 2; pass++) for (i = 1; i <= n; i++) { k = order[i]; split(k, a, "|")
-                   if ((a[2] == "backbone alone") != (pass == 0)) continue
+                   if ((a[2] == "backbone alone" || a[2] ~ /untrained/) != (pass == 0)) continue
                    printf "| %s | %s | %s | %s | %.4f | %s | %.4f | %s |\n", a[1], a[2], s[k], t[k], b[k, 512], f[k, 512], b[k, 2048], f[k, 2048] } }' "$csv"
 } >"$docs/results.md"
 echo "amor_experiments: wrote $docs/results.md, $csv and the sweeps" >&2

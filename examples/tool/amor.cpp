@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 #include <string>
 
 #include "hymix/backend/cpu.hpp"
@@ -112,7 +113,7 @@ namespace {
 
 /// One row of a sweep: the model variant, the window and what the held-out protocol measured.
 struct sweep_row {
-    std::string variant;  // "backbone", "always_on", or "kappa"
+    std::string variant;  // "backbone", "untrained", "kappa" or "always_on"
     double kappa = 0;
     std::int64_t window = 0;
     hymix::train::heldout_stats r;
@@ -124,8 +125,71 @@ struct sweep_row {
     }
 };
 
-template <class S, class Backbone>
-int sweep_amor(const common_options& c, const amor_sweep_options& o, Backbone bb, const hymix::train::byte_corpus& corpus) {
+/// One point of a sweep's plot.
+struct sweep_point {
+    std::string variant;
+    std::int64_t window = 0;
+    double fire = 0, bits_per_byte = 0;
+};
+
+/// The sweep plot: per window, the AMOR blocks' bits/byte against their mean fire rate (the κ rows and always on: a
+/// line with markers) beside the backbone alone (a flat line). The untrained stack is another model and is left out.
+void write_sweep_svg(const std::vector<sweep_point>& pts, const std::string& what, const std::filesystem::path& svg) {
+    hymix::train::plot_spec p;
+    p.title = "AMOR, κ swept at inference: " + what;
+    p.x_label = "fire rate (mean over blocks)";
+    p.y_label = "held-out bits/byte";
+    std::vector<std::int64_t> windows;
+    for (const auto& q : pts)
+        if (std::find(windows.begin(), windows.end(), q.window) == windows.end()) windows.push_back(q.window);
+    static const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd"};  // one per window: AMOR dots, backbone plain
+    for (std::size_t w = 0; w < windows.size(); ++w) {
+        const std::int64_t L = windows[w];
+        const std::string color = colors[w % 4];
+        hymix::train::plot_series amor{fmt::format("AMOR @{}", L), {}, color, true}, bb{fmt::format("backbone @{}", L), {}, color, false};
+        for (const auto& q : pts) {
+            if (q.window != L) continue;
+            if (q.variant == "kappa" || q.variant == "always_on") amor.points.emplace_back(q.fire, q.bits_per_byte);
+            if (q.variant == "backbone") bb.points = {{0.0, q.bits_per_byte}, {1.0, q.bits_per_byte}};
+        }
+        std::sort(amor.points.begin(), amor.points.end());
+        p.series.push_back(std::move(amor));
+        if (!bb.points.empty()) p.series.push_back(std::move(bb));
+    }
+    hymix::train::write_svg(svg, p);
+}
+
+/// The points of a CSV written by `amor-sweep --csv` (variant,kappa,window,bits_per_byte,scored_bytes,fire_rate_mean,...).
+/// Throws io_error (unreadable) and format_error naming the file and line.
+std::vector<sweep_point> read_sweep_csv(const std::filesystem::path& path) {
+    std::ifstream f(path);
+    if (!f) throw hymix::io_error("cannot open sweep CSV '" + path.string() + "'");
+    std::vector<sweep_point> pts;
+    std::string line;
+    for (std::int64_t no = 1; std::getline(f, line); ++no) {
+        if (no == 1) {
+            if (line.rfind("variant,kappa,window,bits_per_byte,scored_bytes,fire_rate_mean", 0) != 0)
+                throw hymix::format_error(path.string() + ":1: not a CSV written by hymix amor-sweep --csv (header '" + line.substr(0, 80) + "')");
+            continue;
+        }
+        std::vector<std::string> cell;
+        std::stringstream ss(line);
+        for (std::string c; std::getline(ss, c, ',');) cell.push_back(c);
+        try {
+            if (cell.size() < 6) throw std::invalid_argument("too few columns");
+            pts.push_back({cell[0], std::stoll(cell[2]), std::stod(cell[5]), std::stod(cell[3])});
+        } catch (const std::exception&) {
+            throw hymix::format_error(path.string() + ":" + std::to_string(no) + ": expected variant,kappa,window,bits_per_byte,scored_bytes,fire_rate_mean,..., found '" +
+                                      line.substr(0, 120) + "'");
+        }
+    }
+    if (pts.empty()) throw hymix::format_error(path.string() + ": no rows");
+    return pts;
+}
+
+/// `load_backbone()` reads the backbone checkpoint afresh (the untrained stack and the trained one each take one).
+template <class S, class LoadBackbone>
+int sweep_amor(const common_options& c, const amor_sweep_options& o, LoadBackbone load_backbone, const hymix::train::byte_corpus& corpus) {
     hymix::cpu_backend be(c.threads);
     const std::span<const std::uint8_t> text(corpus.bytes);
     const std::int64_t n = std::min<std::int64_t>(o.eval_bytes, corpus.n_heldout());
@@ -139,18 +203,23 @@ int sweep_amor(const common_options& c, const amor_sweep_options& o, Backbone bb
         std::fflush(stdout);
         rows.push_back(std::move(row));
     };
-    for (std::int64_t L : o.windows) {
+    for (std::int64_t L : o.windows)
         if (n <= L) throw usage_error(fmt::format("--window {}: the held-out range has only {} bytes (--eval-bytes {})", L, n, o.eval_bytes));
-        report({"backbone", 0, L, hymix::train::evaluate_heldout(be, bb, text, corpus.train_end, n, L)});
+    const auto trained = hymix::models::read_amor_config(c.amor);
+    {
+        auto bb = load_backbone();
+        for (std::int64_t L : o.windows) report({"backbone", 0, L, hymix::train::evaluate_heldout(be, bb, text, corpus.train_end, n, L)});
+        // The same blocks as initialised (W_o = 0: they add nothing, but the classic mode re-normalises the stream).
+        const S fresh = hymix::models::make_amor<S>(std::move(bb), trained, 0);
+        for (std::int64_t L : o.windows) report({"untrained", 0, L, hymix::train::evaluate_heldout(be, fresh, text, corpus.train_end, n, L)});
     }
-    S m = hymix::models::load_amor<S>(std::move(bb), c.amor);
+    S m = hymix::models::load_amor<S>(load_backbone(), c.amor);
     auto for_gates = [&](auto&& f) {
         for (std::int64_t l = 0; l < m.n_layers(); ++l)
             std::visit([&](auto& blk) {
                 if constexpr (requires { blk.gate().set_kappa(0.0f); }) f(blk.gate());
             }, m.layer_at(l));
     };
-    const auto trained = hymix::models::read_amor_config(c.amor);
     console::note("amor-sweep: {} AMOR blocks trained with κ {}{}; held-out bytes [{}, {}) of '{}'; {} threads", trained.n_amor_blocks,
                   trained.gate.kappa, trained.always_on ? " (always on)" : "", corpus.train_end, corpus.train_end + n, o.text,
                   be.num_threads());
@@ -177,19 +246,9 @@ int sweep_amor(const common_options& c, const amor_sweep_options& o, Backbone bb
         fmt::print("wrote {}\n", o.csv.string());
     }
     if (!o.svg.empty()) {
-        hymix::train::plot_spec p;
-        p.title = fmt::format("AMOR on {}: held-out bits/byte against the fraction of tokens that attend (κ swept at inference)",
-                              m.config().vocab_size == 256 ? std::filesystem::path(c.model).filename().string() : c.model);
-        p.x_label = "fire rate (mean over blocks)";
-        p.y_label = "bits/byte";
-        for (std::int64_t L : o.windows) {
-            hymix::train::plot_series s{fmt::format("window {}", L), {}, "", true};
-            for (const auto& r : rows)
-                if (r.window == L) s.points.emplace_back(r.mean_fire(), r.r.bits_per_byte);
-            std::sort(s.points.begin(), s.points.end());
-            p.series.push_back(std::move(s));
-        }
-        hymix::train::write_svg(o.svg, p);
+        std::vector<sweep_point> pts;
+        for (const auto& r : rows) pts.push_back({r.variant, r.window, r.mean_fire(), r.r.bits_per_byte});
+        write_sweep_svg(pts, std::filesystem::path(c.model).filename().string() + " + " + std::filesystem::path(c.amor).filename().string(), o.svg);
         fmt::print("wrote {}\n", o.svg.string());
     }
     return exit_ok;
@@ -198,15 +257,24 @@ int sweep_amor(const common_options& c, const amor_sweep_options& o, Backbone bb
 }  // namespace
 
 int run_amor_sweep(const common_options& c, const amor_sweep_options& o) {
+    if (!o.from_csv.empty()) {  // re-draw a finished sweep
+        if (o.svg.empty()) throw usage_error("amor-sweep --from-csv draws a finished sweep: give the plot's path with --svg");
+        write_sweep_svg(read_sweep_csv(o.from_csv), o.from_csv.filename().string(), o.svg);
+        fmt::print("wrote {}\n", o.svg.string());
+        return exit_ok;
+    }
     if (c.amor.empty()) throw usage_error("amor-sweep needs --amor FILE (and the backbone as --model)");
+    if (o.text.empty()) throw usage_error("amor-sweep needs --text FILE (the held-out part is its last 5%)");
     if (o.kappas.empty()) throw usage_error("amor-sweep: --kappa needs at least one value");
     const auto dir = resolve_model_dir(c.model);
     const auto corpus = hymix::train::byte_corpus::load(o.text);
     hymix::models::checkpoint_reader rd(dir);
     const auto mt = rd.config().value("model_type", "");
     if (mt == "mamba2")
-        return sweep_amor<hymix::models::amor_mamba2_stack<>>(c, o, hymix::models::load_hf_mamba2<hymix::models::hf_mamba2_stack>(rd), corpus);
-    return sweep_amor<hymix::models::amor_gdn_stack<>>(c, o, hymix::models::load_hf_qwen3_5<hymix::models::qwen3_5_gdn_stack>(rd), corpus);
+        return sweep_amor<hymix::models::amor_mamba2_stack<>>(
+            c, o, [&] { return hymix::models::load_hf_mamba2<hymix::models::hf_mamba2_stack>(dir); }, corpus);
+    return sweep_amor<hymix::models::amor_gdn_stack<>>(
+        c, o, [&] { return hymix::models::load_hf_qwen3_5<hymix::models::qwen3_5_gdn_stack>(dir); }, corpus);
 }
 
 }  // namespace tool

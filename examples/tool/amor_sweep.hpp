@@ -19,6 +19,7 @@ struct amor_sweep_options {
     std::vector<std::int64_t> windows{512, 2048};
     std::int64_t eval_bytes = 131072;
     std::filesystem::path csv, svg;
+    std::filesystem::path from_csv;  // non-empty: only re-draw the plot of this finished sweep (no model is loaded)
 };
 int run_amor_sweep(const common_options&, const amor_sweep_options&);
 

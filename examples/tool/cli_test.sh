@@ -270,7 +270,7 @@ amor)
     expect 0 "wrote .*sweep.svg" amor-sweep -m "$bb" --amor "$amor" --text "$work/text.txt" --eval-bytes 2048 --window 256,512 \
         --kappa -1,0.2,100 --threads 1 --csv "$work/sweep.csv" --svg "$work/sweep.svg"
     grep -q "<svg" "$work/sweep.svg" && echo "ok:   sweep.svg is an SVG" || { echo "FAIL: sweep.svg"; failures=$((failures + 1)); }
-    # Rows: backbone ×2, κ -1, 0.2, 100 ×2, always on ×2. The backbone never fires, always-on always does, κ 100 never;
+    # Rows: backbone ×2, untrained ×2, κ -1, 0.2, 100 ×2, always on ×2. The backbone never fires, always-on always does, κ 100 never;
     # a lower κ fires at least as often; the trained κ's row is amor-train's own held-out figure.
     awk -F, -v t="$trained512" '
         NR == 1 { next }
@@ -279,12 +279,20 @@ amor)
         $1 == "always_on" && $6 != 1 { bad = bad " always_on-rate" }
         $1 == "kappa" && $2 == 100 && $6 != 0 { bad = bad " kappa100-fires" }
         $1 == "kappa" && $3 == 512 { rate[$2] = $6; if ($2 == 0.2) b = $4 }
-        END { if (n != 10) bad = bad " rows=" n
+        $1 == "untrained" { u++ }
+        END { if (n != 12 || u != 2) bad = bad " rows=" n " untrained=" u
               if (!(rate[-1] >= rate[0.2] && rate[0.2] >= rate[100])) bad = bad " not-monotone"
               if (t == "" || b - t > 6e-6 || t - b > 6e-6) bad = bad " trained-kappa " b " vs " t
               if (bad != "") { print "FAIL: sweep.csv:" bad; exit 1 } }' "$work/sweep.csv" \
         && echo "ok:   sweep.csv rows agree (fire rates, the trained κ's figure)" || failures=$((failures + 1))
     expect 1 "amor-sweep needs --amor" amor-sweep -m "$bb" --text "$work/text.txt"
+    expect 1 "amor-sweep needs --text" amor-sweep -m "$bb" --amor "$amor"
+    # A finished sweep is re-drawn from its CSV alone; a file that is not one is refused with its name and line.
+    expect 0 "wrote .*redrawn.svg" amor-sweep --from-csv "$work/sweep.csv" --svg "$work/redrawn.svg"
+    grep -q "backbone @512" "$work/redrawn.svg" && echo "ok:   the re-drawn plot holds the backbone line" \
+        || { echo "FAIL: redrawn.svg"; failures=$((failures + 1)); }
+    expect 1 "--from-csv draws a finished sweep" amor-sweep --from-csv "$work/sweep.csv"
+    expect 2 "text.txt:1: not a CSV written by hymix amor-sweep" amor-sweep --from-csv "$work/text.txt" --svg "$work/x.svg"
     expect 1 "--kappa: 'abc' is not a number" amor-sweep -m "$bb" --amor "$amor" --text "$work/text.txt" --kappa 0.2,abc
     expect 1 "--window 4096: the held-out range has only 2048 bytes" amor-sweep -m "$bb" --amor "$amor" --text "$work/text.txt" \
         --eval-bytes 2048 --window 4096

@@ -149,7 +149,7 @@ struct command_line {
                              "held-out bits/byte and fire rates of an AMOR model as κ is swept at inference (needs --amor), beside the "
                              "backbone alone and the blocks always on",
                              /*inference=*/false);
-        amor_sweep->add_option("--text", sweep.text, "text (bytes); the held-out part is the last 5%, as in training")->required();
+        amor_sweep->add_option("--text", sweep.text, "text (bytes); the held-out part is the last 5%, as in training (required unless --from-csv)");
         amor_sweep->add_option("--kappa", sweep.kappas, "values of κ in τ = m̄ + κ·s̄ (the trained statistics m̄, s̄ are kept)")
             ->delimiter(',')
             ->check(decimal(-100, 100));
@@ -160,6 +160,8 @@ struct command_line {
             ->check(whole(3, std::int64_t{1} << 40));
         amor_sweep->add_option("--csv", sweep.csv, "CSV file to write (one row per variant and window)");
         amor_sweep->add_option("--svg", sweep.svg, "SVG plot to write: bits/byte against the mean fire rate, one line per window");
+        amor_sweep->add_option("--from-csv", sweep.from_csv, "re-draw the --svg plot of a finished sweep from its --csv file (no model is loaded)")
+            ->check(CLI::ExistingFile);
     }
 
     /// The options of the training loop, shared by train and amor-train.

@@ -1,8 +1,8 @@
 # Runs scripts/amor_experiments.sh on a machine without network (the device machine's many-core host): Debian
 # packages unpacked from .debs/, the shared models and text copied into .shared_models/ (data/kjv.txt,
 # models/<name>/{config.json,model.safetensors}). Uses a carried tool in .tool/hymix when it runs there, else builds
-# it. The docs it writes are packed into $OUT/amor_docs.tar.gz.
-#   MINUTES=4 PARALLEL=6 THREADS=2 bash scripts/dev/device_amor.sh
+# it. The docs it writes, the runs' logs and their last AMOR files are packed into $OUT/amor_docs.tar.gz.
+#   MINUTES=4 PARALLEL=6 THREADS=2 DEADLINE_S=500 bash scripts/dev/device_amor.sh
 set -e
 mkdir -p /tmp/deps && for d in .debs/*.deb; do dpkg -x "$d" /tmp/deps; done
 export CMAKE_PREFIX_PATH=/tmp/deps/usr CPATH=/tmp/deps/usr/include LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu
@@ -17,5 +17,11 @@ if ! "$tool" --version >/dev/null 2>&1; then
     tool=build/release/examples/tool/hymix
 fi
 "$tool" --version
-SHARED=$PWD/.shared_models HYMIX=$tool bash scripts/amor_experiments.sh
-tar czf "$OUT/amor_docs.tar.gz" docs/amor build/amor_runs/*.out build/amor_runs/*.log build/amor_runs/*.sweep
+# DEADLINE_S (0 = none): stop the experiment after that many seconds and still pack what it wrote, so that a call that
+# would outrun its limit brings back the finished runs' logs and AMOR files.
+SHARED=$PWD/.shared_models HYMIX=$tool timeout "${DEADLINE_S:-0}" bash scripts/amor_experiments.sh \
+    || echo "device_amor: the experiment stopped early (exit $?): packing what it wrote"
+runs=${RUNS:-build/amor_runs}
+files=()
+for r in "$runs"/*/latest; do files+=("$(dirname "$r")/$(cat "$r")/amor.safetensors" "$(dirname "$r")/$(cat "$r")/config.json"); done
+tar czf "$OUT/amor_docs.tar.gz" "${DOCS:-docs/amor}" "$runs"/*.out "$runs"/*.log "$runs"/*.sweep "${files[@]}" 2>/dev/null || true

@@ -5,9 +5,11 @@
 // V 256, blocks of 4 heads × 64) and a large-vocabulary one (d 1024, 24 layers, V 128256, blocks of 16 heads × 64).
 // Weights are random (random_stack / make_amor; seed 0), f32. The KV caches are filled directly with finite values
 // (prefilling 128K tokens would dominate the run) and rolled back to n after each timed step; the recurrent states
-// simply advance. Counted per token (spec.md §5.7): backbone 2 FLOPs per mixer weight, the head 2·d·V, per AMOR block
-// the gate's 2·d·V plus 4d² (K, V) plus, where it fires, 4d² (Q, W_o) and 4·n·d (scores and values); bytes: every
-// weight read once per step and the KV rows attended to. The `fire_rate` counter is the measured mean over blocks and
+// simply advance. Counted per token (spec.md §5.7): backbone 2 FLOPs per mixer weight plus ≈ 5 per SSM state element
+// (decay, input outer product, read-out), the head 2·d·V, per attention block 4d² (K, V) plus, where it fires, 4d²
+// (Q, W_o) and 4·n·d (scores and values), and for true-sparse AMOR the gate's 2·d·V (an always-on gate computes no
+// entropy); bytes: every weight read once per step, each sequence's SSM and conv states read and written, and the KV
+// rows attended to (W_q, W_o where some row fires). The `fire_rate` counter is the measured mean over blocks and
 // timed steps (at least 2 s of steps per case, so that the rate rests on tens of decisions per block).
 // Where true-sparse overtakes always-on is the question: the gate's head GEMV (d·V weights per block) is its cost.
 #include <benchmark/benchmark.h>
@@ -200,10 +202,15 @@ void BM_amor_decode(benchmark::State& st) {
                                (d * static_cast<double>(mc.d_in_proj()) + static_cast<double>(mc.d_inner()) * d +
                                 static_cast<double>(mc.conv_dim() * mc.d_conv));
         const double blocks = v == backbone_only ? 0.0 : static_cast<double>(n_blocks);
-        const double gate_w = v == amor_sparse || v == amor_always ? d * V : 0.0;
+        const double gate_w = v == amor_sparse ? d * V : 0.0;  // entropy_ema::decide skips the head when always on
+        const double ssm = static_cast<double>(s.layers * mc.d_inner() * mc.d_state);
+        const double conv = static_cast<double>(s.layers * mc.conv_dim() * (mc.d_conv - 1));
         const double Bd = static_cast<double>(B);
-        const double flops = Bd * (2.0 * mixer_w + 2.0 * d * V + blocks * (2.0 * gate_w + 4.0 * d * d + f * (4.0 * d * d + 4.0 * nd * d)));
-        const double bytes = 4.0 * (mixer_w + d * V + blocks * (gate_w + 4.0 * d * d) + Bd * blocks * f * 2.0 * nd * d);
+        const double flops =
+            Bd * (2.0 * mixer_w + 5.0 * ssm + 2.0 * d * V + blocks * (2.0 * gate_w + 4.0 * d * d + f * (4.0 * d * d + 4.0 * nd * d)));
+        // W_q and W_o are read only when some row of the step fires (about min(1, B·f) of the steps).
+        const double qo = std::min(1.0, Bd * f) * 2.0 * d * d;
+        const double bytes = 4.0 * (mixer_w + d * V + blocks * (gate_w + 2.0 * d * d + qo) + Bd * 2.0 * (ssm + conv) + Bd * blocks * f * 2.0 * nd * d);
         st.counters["fire_rate"] = f;
         st.counters["context"] = static_cast<double>(n);
         st.SetLabel(std::string(s.name) + " " + variant_name(v));

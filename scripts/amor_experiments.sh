@@ -13,7 +13,8 @@
 # Environment: SHARED (../shared), BACKBONES ("kjv-mamba2-byte kjv-gdn-byte"), VARIANTS ("k0.2 k0.77 always"),
 #   STEPS (1550, the paper's budget), MINUTES (0: no limit; else each run stops after that many minutes of training,
 #   which with the constant schedule is the same run cut short), THREADS (threads per run, default all cores),
-#   PARALLEL (runs at once, default 1), SWEEP_THREADS (threads of the measurements, default all cores), HYMIX (the tool; default build/release/examples/tool/hymix), RUNS (run dirs,
+#   PARALLEL (runs at once, default 1), SWEEP_THREADS (threads of the measurements, default all cores), SWEEP_KAPPAS
+#   (the κ values swept at inference, comma-separated; each run's own κ is added), HYMIX (the tool; default build/release/examples/tool/hymix), RUNS (run dirs,
 #   default build/amor_runs), DOCS (docs/amor), NOTE (a sentence for the report: what else ran, which machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,15 +50,24 @@ train() {
     echo "   $bb $v: $(grep -E '^trained' "$dir.out")" >&2
 }
 
+# Runs in the background, PARALLEL at a time; a failed run stops the others and the script.
 pids=()
+failed=0
+stop_all() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap 'stop_all' INT TERM
 for bb in $backbones; do
     for v in $variants; do
         train "$bb" "$v" &
         pids+=($!)
-        if [ "${#pids[@]}" -ge "$parallel" ]; then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
+        if [ "${#pids[@]}" -ge "$parallel" ]; then
+            wait "${pids[0]}" || failed=1
+            pids=("${pids[@]:1}")
+            [ "$failed" = 0 ] || { stop_all; exit 1; }
+        fi
     done
 done
-for p in "${pids[@]}"; do wait "$p"; done
+for p in "${pids[@]}"; do wait "$p" || failed=1; done
+[ "$failed" = 0 ] || exit 1
 
 # Measure every run: the backbone alone, the blocks at their trained κ (and swept), always on.
 csv=$docs/results.csv
@@ -67,7 +77,7 @@ for bb in $backbones; do
         dir=$runs/$bb-$v
         amor=$dir/$(cat "$dir/latest")/amor.safetensors
         kappas=$sweep_kappas
-        [ "$v" = always ] && kappas=0.2  # always-on blocks never moved their gate statistics: only the always-on rows count
+        case ",$kappas," in *",$(kappa_of "$v"),"*) ;; *) kappas="$kappas,$(kappa_of "$v")" ;; esac  # the run's own κ
         echo "== $bb $v: sweep κ over $kappas" >&2
         "$tool" amor-sweep --model "$shared/models/$bb" --amor "$amor" --text "$text" --kappa "$kappas" --window 512,2048 \
             --threads "$sweep_threads" --csv "$docs/sweep_${bb}_$v.csv" --svg "$docs/sweep_${bb}_$v.svg" >"$dir.sweep" 2>&1 \
@@ -103,7 +113,8 @@ fi
     echo "backbone of \`shared/models\`, dense-with-mask, AdamW 1e-3 (100 warmup steps, then constant), betas (0.9, 0.95),"
     echo "weight decay 0.1 on matrices, clip 1.0, 32 windows of 512 bytes per step, seed 1, on the first 95% of kjv.txt."
     echo "Budget: STEPS=$steps, MINUTES=$minutes (0 = no limit); the steps each run reached are in the table. Held-out"
-    echo "bits/byte with the protocol of shared/models/README.md (131072 bytes, whole windows). Fire rates are per block."
+    echo "bits/byte with the protocol of shared/models/README.md (131072 bytes, whole windows). Fire rates are per block"
+    echo "(the untrained stack's are in the CSV: with W_o = 0 its blocks add nothing wherever they fire)."
     echo "Machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores, THREADS=$threads, PARALLEL=$parallel.${NOTE:+ $NOTE}"
     echo "Raw numbers: [results.csv](results.csv); κ sweeps at inference: sweep_*.csv / .svg; loss curves: loss_*.csv / .svg;"
     echo "a trace page: [trace.html](trace.html). For reference, shared/models/README.md gives the fixed hybrid kjv-hybrid-byte"
@@ -114,8 +125,8 @@ fi
     awk -F, 'NR > 1 { name = ($8 == "backbone" ? "backbone alone" : $8 == "untrained" ? "+ AMOR untrained (W_o = 0)" : $8 == "always_on" ? "+ AMOR always on" : "+ AMOR κ " $3)
                       key = $1 "|" name
                       none = ($8 == "backbone" || $8 == "untrained")
-                      if (!(key in seen)) { seen[key] = 1; order[++n] = key; s[key] = (none ? "0" : $4); t[key] = (none ? "0" : $5) }
-                      b[key, $9] = $10; f[key, $9] = ($8 == "backbone" ? "-" : sprintf("%.3f / %.3f / %.3f", $12, $13, $14)) }
+                      if (!(key in seen)) { seen[key] = 1; order[++n] = key; s[key] = (none ? "-" : $4); t[key] = (none ? "-" : $5) }
+                      b[key, $9] = $10; f[key, $9] = (none ? "-" : sprintf("%.3f / %.3f / %.3f", $12, $13, $14)) }
              END { for (pass = 0; pass < 2; pass++) for (i = 1; i <= n; i++) { k = order[i]; split(k, a, "|")
                    if ((a[2] == "backbone alone" || a[2] ~ /untrained/) != (pass == 0)) continue
                    printf "| %s | %s | %s | %s | %.4f | %s | %.4f | %s |\n", a[1], a[2], s[k], t[k], b[k, 512], f[k, 512], b[k, 2048], f[k, 2048] } }' "$csv"

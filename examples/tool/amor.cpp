@@ -3,7 +3,9 @@
 // (progress, loss.csv / loss.svg, resumable checkpoints). Each checkpoint directory holds amor.safetensors, which
 // `hymix generate/score --model BACKBONE --amor FILE` and auto_model load. At the end the held-out bits/byte and the
 // per-block fire rates at windows 512 and 2048 are printed.
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <algorithm>
 #include <fstream>
@@ -13,6 +15,7 @@
 
 #include "hymix/backend/cpu.hpp"
 #include "hymix/models/amor.hpp"
+#include "hymix/models/check_weights.hpp"
 #include "hymix/models/checkpoint.hpp"
 #include "hymix/train/plot.hpp"
 #include "hymix/train/trainer.hpp"
@@ -113,7 +116,7 @@ namespace {
 
 /// One row of a sweep: the model variant, the window and what the held-out protocol measured.
 struct sweep_row {
-    std::string variant;  // "backbone", "untrained", "kappa" or "always_on"
+    std::string variant;  // "backbone", "untrained", "kappa", "as_trained" (fixed offset mode) or "always_on"
     double kappa = 0;
     std::int64_t window = 0;
     hymix::train::heldout_stats r;
@@ -149,7 +152,7 @@ void write_sweep_svg(const std::vector<sweep_point>& pts, const std::string& wha
         hymix::train::plot_series amor{fmt::format("AMOR @{}", L), {}, color, true}, bb{fmt::format("backbone @{}", L), {}, color, false};
         for (const auto& q : pts) {
             if (q.window != L) continue;
-            if (q.variant == "kappa" || q.variant == "always_on") amor.points.emplace_back(q.fire, q.bits_per_byte);
+            if (q.variant == "kappa" || q.variant == "as_trained" || q.variant == "always_on") amor.points.emplace_back(q.fire, q.bits_per_byte);
             if (q.variant == "backbone") bb.points = {{0.0, q.bits_per_byte}, {1.0, q.bits_per_byte}};
         }
         std::sort(amor.points.begin(), amor.points.end());
@@ -159,59 +162,97 @@ void write_sweep_svg(const std::vector<sweep_point>& pts, const std::string& wha
     hymix::train::write_svg(svg, p);
 }
 
-/// The points of a CSV written by `amor-sweep --csv` (variant,kappa,window,bits_per_byte,scored_bytes,fire_rate_mean,...).
-/// Throws io_error (unreadable) and format_error naming the file and line.
+/// `s` with bytes outside printable ASCII shown as '?', at most `n` of them (for messages quoting a file's line).
+std::string printable(const std::string& s, std::size_t n = 120) {
+    std::string o;
+    for (char ch : s.substr(0, n)) o += (ch >= 32 && ch < 127) ? ch : '?';
+    return o;
+}
+
+/// The points of a CSV written by `amor-sweep --csv` (variant,kappa,window,bits_per_byte,scored_bytes,fire_rate_mean,...):
+/// every cell used must parse whole, bits/byte be finite and positive, the fire rate lie in [0, 1], the variant be one
+/// amor-sweep writes. Blank lines are skipped. Throws io_error (unreadable) and format_error naming the file and line.
 std::vector<sweep_point> read_sweep_csv(const std::filesystem::path& path) {
-    std::ifstream f(path);
+    std::ifstream f(path, std::ios::binary);
     if (!f) throw hymix::io_error("cannot open sweep CSV '" + path.string() + "'");
     std::vector<sweep_point> pts;
     std::string line;
+    auto number = [](const std::string& cell, double& v) {
+        char* end = nullptr;
+        v = std::strtod(cell.c_str(), &end);
+        return !cell.empty() && end == cell.c_str() + cell.size() && std::isfinite(v);
+    };
     for (std::int64_t no = 1; std::getline(f, line); ++no) {
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        const auto where = path.string() + ":" + std::to_string(no);
         if (no == 1) {
             if (line.rfind("variant,kappa,window,bits_per_byte,scored_bytes,fire_rate_mean", 0) != 0)
-                throw hymix::format_error(path.string() + ":1: not a CSV written by hymix amor-sweep --csv (header '" + line.substr(0, 80) + "')");
+                throw hymix::format_error(where + ": not a CSV written by hymix amor-sweep --csv (header '" + printable(line, 80) + "')");
             continue;
         }
+        if (line.empty()) continue;
         std::vector<std::string> cell;
         std::stringstream ss(line);
-        for (std::string c; std::getline(ss, c, ',');) cell.push_back(c);
-        try {
-            if (cell.size() < 6) throw std::invalid_argument("too few columns");
-            pts.push_back({cell[0], std::stoll(cell[2]), std::stod(cell[5]), std::stod(cell[3])});
-        } catch (const std::exception&) {
-            throw hymix::format_error(path.string() + ":" + std::to_string(no) + ": expected variant,kappa,window,bits_per_byte,scored_bytes,fire_rate_mean,..., found '" +
-                                      line.substr(0, 120) + "'");
-        }
+        for (std::string x; std::getline(ss, x, ',');) cell.push_back(x);
+        double window = 0, bpb = 0, fire = 0;
+        const bool known = cell.size() >= 6 && (cell[0] == "backbone" || cell[0] == "untrained" || cell[0] == "kappa" ||
+                                                cell[0] == "as_trained" || cell[0] == "always_on");
+        if (!known || !number(cell[2], window) || window < 1 || window != std::floor(window) || !number(cell[3], bpb) || !(bpb > 0) ||
+            !number(cell[5], fire) || fire < 0 || fire > 1)
+            throw hymix::format_error(where + ": expected a row variant,kappa,window,bits_per_byte,scored_bytes,fire_rate_mean,... with a "
+                                      "known variant, a whole window, finite positive bits/byte and a fire rate in [0, 1]; found '" +
+                                      printable(line) + "'");
+        pts.push_back({cell[0], static_cast<std::int64_t>(window), fire, bpb});
     }
     if (pts.empty()) throw hymix::format_error(path.string() + ": no rows");
     return pts;
 }
 
-/// `load_backbone()` reads the backbone checkpoint afresh (the untrained stack and the trained one each take one).
+/// `load_backbone()` reads the backbone checkpoint afresh (the untrained stack and the trained one each take one);
+/// `trained` is the AMOR file's configuration, already checked against the backbone's kind.
 template <class S, class LoadBackbone>
-int sweep_amor(const common_options& c, const amor_sweep_options& o, LoadBackbone load_backbone, const hymix::train::byte_corpus& corpus) {
+int sweep_amor(const common_options& c, const amor_sweep_options& o, LoadBackbone load_backbone, const hymix::models::amor_config& trained,
+               const hymix::train::byte_corpus& corpus) {
     hymix::cpu_backend be(c.threads);
     const std::span<const std::uint8_t> text(corpus.bytes);
     const std::int64_t n = std::min<std::int64_t>(o.eval_bytes, corpus.n_heldout());
+    for (std::int64_t L : o.windows)
+        if (n <= L)
+            throw usage_error(fmt::format("--window {}: the held-out range has {} byte(s) (the last 5% of '{}', at most --eval-bytes {}); a "
+                                          "window needs more",
+                                          L, n, o.text, o.eval_bytes));
+    // κ moves τ = m̄ + κ·s̄ only for adaptive gates whose statistics were learned (an always-on run never moves them).
+    const bool sweep_kappa = !trained.always_on && trained.gate.offset_mode == hymix::amor_offset_mode::adaptive;
+    if (!sweep_kappa)
+        console::note("amor-sweep: the file's blocks were trained {}: κ does not apply, so the rows are the backbone, the untrained "
+                      "stack, {}and always on",
+                      trained.always_on ? "always on (their gate statistics never moved)" : "with the fixed offset mode (τ = m̄ + gate_offset)",
+                      trained.always_on ? "" : "the blocks as trained ");
     std::vector<sweep_row> rows;
     auto report = [&](sweep_row row) {
         std::string rates;
         for (double f : row.r.fire_rate) rates += fmt::format(" {:.4f}", f);
-        fmt::print("{:<9} kappa {:>7} window {:>5}: bits/byte {:.5f}  fire rate mean {:.4f}{}{}\n", row.variant,
+        fmt::print("{:<10} kappa {:>7} window {:>5}: bits/byte {:.5f}  fire rate mean {:.4f}{}{}\n", row.variant,
                    row.variant == "kappa" ? fmt::format("{:.3f}", row.kappa) : std::string("-"), row.window, row.r.bits_per_byte,
                    row.mean_fire(), rates.empty() ? "" : "  per block:", rates);
         std::fflush(stdout);
         rows.push_back(std::move(row));
     };
-    for (std::int64_t L : o.windows)
-        if (n <= L) throw usage_error(fmt::format("--window {}: the held-out range has only {} bytes (--eval-bytes {})", L, n, o.eval_bytes));
-    const auto trained = hymix::models::read_amor_config(c.amor);
+    auto eval = [&](const auto& model, std::int64_t L) { return hymix::train::evaluate_heldout(be, model, text, corpus.train_end, n, L); };
     {
         auto bb = load_backbone();
-        for (std::int64_t L : o.windows) report({"backbone", 0, L, hymix::train::evaluate_heldout(be, bb, text, corpus.train_end, n, L)});
+        if (bb.config().d_model != trained.d_model || bb.config().vocab_size != trained.vocab_size)
+            throw hymix::config_error(fmt::format("{}: AMOR blocks for d_model {} and vocab_size {}, but the backbone '{}' has d_model {} and "
+                                                  "vocab_size {}",
+                                                  c.amor, trained.d_model, trained.vocab_size, c.model, bb.config().d_model,
+                                                  bb.config().vocab_size));
+        console::note("amor-sweep: {} AMOR blocks (κ {} in training{}); held-out bytes [{}, {}) of '{}'; {} threads", trained.n_amor_blocks,
+                      trained.gate.kappa, trained.always_on ? ", always on" : "", corpus.train_end, corpus.train_end + n, o.text,
+                      be.num_threads());
+        for (std::int64_t L : o.windows) report({"backbone", 0, L, eval(bb, L)});
         // The same blocks as initialised (W_o = 0: they add nothing, but the classic mode re-normalises the stream).
         const S fresh = hymix::models::make_amor<S>(std::move(bb), trained, 0);
-        for (std::int64_t L : o.windows) report({"untrained", 0, L, hymix::train::evaluate_heldout(be, fresh, text, corpus.train_end, n, L)});
+        for (std::int64_t L : o.windows) report({"untrained", 0, L, eval(fresh, L)});
     }
     S m = hymix::models::load_amor<S>(load_backbone(), c.amor);
     auto for_gates = [&](auto&& f) {
@@ -220,15 +261,16 @@ int sweep_amor(const common_options& c, const amor_sweep_options& o, LoadBackbon
                 if constexpr (requires { blk.gate().set_kappa(0.0f); }) f(blk.gate());
             }, m.layer_at(l));
     };
-    console::note("amor-sweep: {} AMOR blocks trained with κ {}{}; held-out bytes [{}, {}) of '{}'; {} threads", trained.n_amor_blocks,
-                  trained.gate.kappa, trained.always_on ? " (always on)" : "", corpus.train_end, corpus.train_end + n, o.text,
-                  be.num_threads());
-    for (float k : o.kappas) {
-        for_gates([&](auto& g) { g.set_always_on(false), g.set_kappa(k); });
-        for (std::int64_t L : o.windows) report({"kappa", k, L, hymix::train::evaluate_heldout(be, m, text, corpus.train_end, n, L)});
+    if (sweep_kappa) {
+        for (float k : o.kappas) {
+            for_gates([&](auto& g) { g.set_always_on(false), g.set_kappa(k); });
+            for (std::int64_t L : o.windows) report({"kappa", k, L, eval(m, L)});
+        }
+    } else if (!trained.always_on) {
+        for (std::int64_t L : o.windows) report({"as_trained", 0, L, eval(m, L)});
     }
     for_gates([&](auto& g) { g.set_always_on(true); });
-    for (std::int64_t L : o.windows) report({"always_on", 0, L, hymix::train::evaluate_heldout(be, m, text, corpus.train_end, n, L)});
+    for (std::int64_t L : o.windows) report({"always_on", 0, L, eval(m, L)});
 
     if (!o.csv.empty()) {
         std::string csv = "variant,kappa,window,bits_per_byte,scored_bytes,fire_rate_mean";
@@ -254,27 +296,66 @@ int sweep_amor(const common_options& c, const amor_sweep_options& o, LoadBackbon
     return exit_ok;
 }
 
+/// An output path whose folder must exist before minutes of evaluation (usage_error otherwise).
+void require_writable(const std::filesystem::path& p, const char* option) {
+    if (p.empty()) return;
+    std::error_code ec;
+    if (std::filesystem::is_directory(p, ec)) throw usage_error(fmt::format("{} '{}' is a directory; give a file name", option, p.string()));
+    const auto parent = p.parent_path();
+    if (!parent.empty() && !std::filesystem::is_directory(parent, ec))
+        throw usage_error(fmt::format("{} '{}': the folder '{}' does not exist", option, p.string(), parent.string()));
+}
+
+/// `v` without repeated values, first occurrences kept in order.
+template <class T>
+std::vector<T> unique_in_order(const std::vector<T>& v) {
+    std::vector<T> out;
+    for (const T& x : v)
+        if (std::find(out.begin(), out.end(), x) == out.end()) out.push_back(x);
+    return out;
+}
+
 }  // namespace
 
-int run_amor_sweep(const common_options& c, const amor_sweep_options& o) {
-    if (!o.from_csv.empty()) {  // re-draw a finished sweep
-        if (o.svg.empty()) throw usage_error("amor-sweep --from-csv draws a finished sweep: give the plot's path with --svg");
-        write_sweep_svg(read_sweep_csv(o.from_csv), o.from_csv.filename().string(), o.svg);
-        fmt::print("wrote {}\n", o.svg.string());
+int run_amor_sweep(const common_options& c, const amor_sweep_options& opt) {
+    if (c.backend != "cpu") throw usage_error("amor-sweep runs on the cpu backend only (--backend " + c.backend + ")");
+    require_writable(opt.svg, "--svg");
+    if (!opt.from_csv.empty()) {  // re-draw a finished sweep
+        if (opt.svg.empty()) throw usage_error("amor-sweep --from-csv draws a finished sweep: give the plot's path with --svg");
+        std::error_code ec;
+        if (std::filesystem::equivalent(opt.svg, opt.from_csv, ec)) throw usage_error("--svg would overwrite the --from-csv file");
+        write_sweep_svg(read_sweep_csv(opt.from_csv), opt.from_csv.filename().string(), opt.svg);
+        fmt::print("wrote {}\n", opt.svg.string());
         return exit_ok;
     }
     if (c.amor.empty()) throw usage_error("amor-sweep needs --amor FILE (and the backbone as --model)");
-    if (o.text.empty()) throw usage_error("amor-sweep needs --text FILE (the held-out part is its last 5%)");
-    if (o.kappas.empty()) throw usage_error("amor-sweep: --kappa needs at least one value");
+    if (opt.text.empty()) throw usage_error("amor-sweep needs --text FILE (the held-out part is its last 5%)");
+    if (opt.kappas.empty()) throw usage_error("amor-sweep: --kappa needs at least one value");
+    require_writable(opt.csv, "--csv");
+    amor_sweep_options o = opt;
+    o.kappas = unique_in_order(o.kappas);
+    o.windows = unique_in_order(o.windows);
     const auto dir = resolve_model_dir(c.model);
-    const auto corpus = hymix::train::byte_corpus::load(o.text);
     hymix::models::checkpoint_reader rd(dir);
     const auto mt = rd.config().value("model_type", "");
+    const auto trained = hymix::models::read_amor_config(c.amor);
+    hymix::models::require_amor_backbone(trained, mt, c.amor, rd.config_path());
+    const std::string hint = "; pass --allow-nonfinite to load it anyway";
+    if (c.allow_nonfinite) {
+        for (const auto& bad : hymix::models::find_nonfinite_weights(rd.weights()))
+            console::note("hymix: warning: {} (loaded anyway: --allow-nonfinite)", bad.describe());
+        for (const auto& bad : hymix::models::find_nonfinite_weights(hymix::safetensors::file(c.amor)))
+            console::note("hymix: warning: {} (loaded anyway: --allow-nonfinite)", bad.describe());
+    } else {
+        hymix::models::require_finite_weights(rd.weights(), hint);
+        hymix::models::require_finite_weights(hymix::safetensors::file(c.amor), hint);
+    }
+    const auto corpus = hymix::train::byte_corpus::load(o.text);
     if (mt == "mamba2")
         return sweep_amor<hymix::models::amor_mamba2_stack<>>(
-            c, o, [&] { return hymix::models::load_hf_mamba2<hymix::models::hf_mamba2_stack>(dir); }, corpus);
+            c, o, [&] { return hymix::models::load_hf_mamba2<hymix::models::hf_mamba2_stack>(dir); }, trained, corpus);
     return sweep_amor<hymix::models::amor_gdn_stack<>>(
-        c, o, [&] { return hymix::models::load_hf_qwen3_5<hymix::models::qwen3_5_gdn_stack>(dir); }, corpus);
+        c, o, [&] { return hymix::models::load_hf_qwen3_5<hymix::models::qwen3_5_gdn_stack>(dir); }, trained, corpus);
 }
 
 }  // namespace tool

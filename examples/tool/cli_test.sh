@@ -294,12 +294,30 @@ amor)
     expect 1 "--from-csv draws a finished sweep" amor-sweep --from-csv "$work/sweep.csv"
     expect 2 "text.txt:1: not a CSV written by hymix amor-sweep" amor-sweep --from-csv "$work/text.txt" --svg "$work/x.svg"
     expect 1 "--kappa: 'abc' is not a number" amor-sweep -m "$bb" --amor "$amor" --text "$work/text.txt" --kappa 0.2,abc
-    expect 1 "--window 4096: the held-out range has only 2048 bytes" amor-sweep -m "$bb" --amor "$amor" --text "$work/text.txt" \
+    expect 1 "--window 4096: the held-out range has 2048 byte\(s\)" amor-sweep -m "$bb" --amor "$amor" --text "$work/text.txt" \
         --eval-bytes 2048 --window 4096
     expect 0 "wrote .*trace.html \(512 bytes traced; fire rate per block: [0-9.]+ [0-9.]+\)" amor-trace -m "$bb" --amor "$amor" \
         --text "$work/text.txt" --bytes 512 --out "$work/trace.html"
     grep -q "</html>" "$work/trace.html" && echo "ok:   trace.html is whole" || { echo "FAIL: trace.html"; failures=$((failures + 1)); }
     expect 0 "bits/byte [0-9.]+" score -m "$bb" --amor "$amor" --text "$work/text.txt" --bytes 600
+    # Refused before any evaluation: a missing output folder, another backend, a directory as text, an AMOR file made
+    # for the other kind of backbone, a CSV row that is not a number.
+    expect 1 "--csv '.*/nodir/s.csv': the folder '.*/nodir' does not exist" amor-sweep -m "$bb" --amor "$amor" --text "$work/text.txt" \
+        --csv "$work/nodir/s.csv"
+    expect 1 "amor-sweep runs on the cpu backend only" amor-sweep -m "$bb" --amor "$amor" --text "$work/text.txt" --backend ref
+    expect 2 "is a directory, not a file" amor-sweep -m "$bb" --amor "$amor" --text "$work"
+    expect1 0 "held-out bits/byte" train --stack gdn "${base[@]}" --d-model 32 --layers 1 --head-dim 16 --linear-heads 2 --d-ff 48 --steps 2 \
+        --out "$work/gdn"
+    expect 2 "an AMOR file for a mamba2 backbone, but .*config.json has model_type 'qwen3_5_text'" amor-sweep -m "$work/gdn/checkpoint-2" \
+        --amor "$amor" --text "$work/text.txt"
+    { head -3 "$work/sweep.csv"; echo "kappa,0.5,256,nan,1792,0.5,0.5,0.5"; } >"$work/bad.csv"
+    expect 2 "bad.csv:4: expected a row .* found 'kappa,0.5,256,nan" amor-sweep --from-csv "$work/bad.csv" --svg "$work/bad.svg"
+    # Blocks trained always on never moved their gate statistics: no κ rows, only the backbone, untrained and always on.
+    expect1 0 "held-out window 512: bits/byte" amor-train -m "$bb" "${base[@]}" --blocks 2 --heads 2 --head-dim 16 --always-on --steps 2 --out "$work/aa"
+    expect 0 "κ does not apply" amor-sweep -m "$bb" --amor "$work/aa/checkpoint-2/amor.safetensors" --text "$work/text.txt" \
+        --eval-bytes 2048 --window 512 --kappa 0.2,0.2,1 --csv "$work/aa.csv"
+    [ "$(cut -d, -f1 "$work/aa.csv" | tr '\n' ' ')" = "variant backbone untrained always_on " ] && echo "ok:   always-on file: rows without κ" \
+        || { echo "FAIL: always-on sweep rows: $(cut -d, -f1 "$work/aa.csv" | tr '\n' ' ')"; failures=$((failures + 1)); }
     ;;
 *)
     echo "unknown group $group"

@@ -23,5 +23,9 @@ SHARED=$PWD/.shared_models HYMIX=$tool timeout "${DEADLINE_S:-0}" bash scripts/a
     || echo "device_amor: the experiment stopped early (exit $?): packing what it wrote"
 runs=${RUNS:-build/amor_runs}
 files=()
-for r in "$runs"/*/latest; do files+=("$(dirname "$r")/$(cat "$r")/amor.safetensors" "$(dirname "$r")/$(cat "$r")/config.json"); done
-tar czf "$OUT/amor_docs.tar.gz" "${DOCS:-docs/amor}" "$runs"/*.out "$runs"/*.log "$runs"/*.sweep "${files[@]}" 2>/dev/null || true
+shopt -s nullglob
+for r in "$runs"/*/latest; do
+    ck="$(dirname "$r")/$(cat "$r")/amor.safetensors"
+    if [ -f "$ck" ]; then files+=("$ck"); fi
+done
+tar czf "$OUT/amor_docs.tar.gz" "${DOCS:-docs/amor}" "$runs"/*.out "$runs"/*.log "$runs"/*.sweep "${files[@]}" || true

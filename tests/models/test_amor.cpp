@@ -172,6 +172,16 @@ TEST_CASE("AMOR file round trip: same logits, same gate statistics; a file for a
     auto spec = tiny_spec();
     spec.d_model = 48;
     CHECK_THROWS_AS(models::load_amor<models::amor_mamba2_stack<>>(train::random_mamba2_lm(spec, 8), path), config_error);
+    // The backbone kind the file names against a checkpoint's model_type (auto_model::load and hymix amor-sweep).
+    const auto ac = models::read_amor_config(path);
+    CHECK_NOTHROW(models::require_amor_backbone(ac, "mamba2", "a.safetensors", "bb/config.json"));
+    CHECK_THROWS_WITH_AS(models::require_amor_backbone(ac, "qwen3_5_text", "a.safetensors", "bb/config.json"),
+                         "a.safetensors: an AMOR file for a mamba2 backbone, but bb/config.json has model_type 'qwen3_5_text'", config_error);
+    auto gdn = ac;
+    gdn.backbone = "gdn";
+    CHECK_NOTHROW(models::require_amor_backbone(gdn, "qwen3_5_text", "a", "c"));
+    CHECK_NOTHROW(models::require_amor_backbone(gdn, "qwen3_5", "a", "c"));
+    CHECK_THROWS_AS(models::require_amor_backbone(gdn, "mamba2", "a", "c"), config_error);
 }
 
 TEST_CASE("AMOR gradients on a frozen backbone: finite differences (always-on) and no backbone gradient") {

@@ -91,6 +91,17 @@ struct amor_config {
     }
 };
 
+/// Checks that the AMOR file at `amor_path` (configuration `c`) was made for a backbone whose config.json (at
+/// `config_path`) has `model_type`: "mamba2" for a Mamba-2 file, "qwen3_5_text" / "qwen3_5" for a GDN file. Throws
+/// config_error naming both files and both kinds.
+inline void require_amor_backbone(const amor_config& c, const std::string& model_type, const std::string& amor_path,
+                                  const std::string& config_path) {
+    const bool mamba2 = model_type == "mamba2", qwen = model_type == "qwen3_5_text" || model_type == "qwen3_5";
+    if ((c.backbone == "mamba2" && !mamba2) || (c.backbone == "gdn" && !qwen) || (c.backbone != "mamba2" && c.backbone != "gdn"))
+        throw config_error(amor_path + ": an AMOR file for a " + c.backbone + " backbone, but " + config_path + " has model_type '" +
+                           model_type + "'");
+}
+
 /// The AMOR stack over a Mamba-2 backbone and over a Qwen3.5 GDN backbone, with gate G.
 template <class G = entropy_ema>
 using amor_mamba2_stack = model<any_of<layer_kind::mamba2, amor_kind>, plain_rms_norm, no_mlp, bind<layer_kind::mamba2, mamba2>,

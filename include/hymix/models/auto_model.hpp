@@ -192,10 +192,7 @@ public:
         am.be_ = std::make_unique<B>(threads);
         am.info_.model_type = io::require<std::string>(j, "model_type", rd.config_path());
         const auto& mt = am.info_.model_type;
-        const std::string want = ac.backbone == "mamba2" ? "mamba2" : "qwen3_5_text";
-        if ((ac.backbone == "mamba2") != (mt == "mamba2") || (ac.backbone == "gdn" && mt != "qwen3_5_text" && mt != "qwen3_5"))
-            throw config_error(amor.string() + ": an AMOR file for a " + ac.backbone + " backbone, but " + rd.config_path() +
-                               " has model_type '" + mt + "'");
+        models::require_amor_backbone(ac, mt, amor.string(), rd.config_path());
         if (mt == "mamba2") {
             am.info_.architecture = models::config_architecture(j, "Mamba2ForCausalLM") + "+AMOR";
             am.impl_ = detail::hold<B>(models::load_amor<models::amor_mamba2_stack<>>(models::load_hf_mamba2<models::hf_mamba2_stack>(rd), amor),

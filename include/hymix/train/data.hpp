@@ -33,10 +33,16 @@ struct byte_corpus {
     /// Reads `path`. train_fraction in (0, 1]; 0.95 gives the shared split. Throws io_error when the file cannot be
     /// read, value_error when it is too small to hold a training window plus a held-out byte.
     static byte_corpus load(const std::filesystem::path& path, double train_fraction = 0.95) {
+        std::error_code ec;
+        if (std::filesystem::is_directory(path, ec)) throw io_error("training text '" + path.string() + "' is a directory, not a file");
         std::ifstream f(path, std::ios::binary);
         if (!f) throw io_error("cannot open training text '" + path.string() + "'");
         byte_corpus c;
-        c.bytes.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+        try {  // a read error (e.g. EIO) surfaces from the stream buffer as an exception
+            c.bytes.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+        } catch (const std::exception& e) {
+            throw io_error("error reading training text '" + path.string() + "': " + e.what());
+        }
         if (f.bad()) throw io_error("error reading training text '" + path.string() + "'");
         c.train_end = train_fraction == 0.95 ? default_split(c.size())
                                              : static_cast<std::int64_t>(static_cast<double>(c.size()) * train_fraction);

@@ -342,10 +342,7 @@ int run_amor_sweep(const common_options& c, const amor_sweep_options& opt) {
     hymix::models::require_amor_backbone(trained, mt, c.amor, rd.config_path());
     const std::string hint = "; pass --allow-nonfinite to load it anyway";
     if (c.allow_nonfinite) {
-        for (const auto& bad : hymix::models::find_nonfinite_weights(rd.weights()))
-            console::note("hymix: warning: {} (loaded anyway: --allow-nonfinite)", bad.describe());
-        for (const auto& bad : hymix::models::find_nonfinite_weights(hymix::safetensors::file(c.amor)))
-            console::note("hymix: warning: {} (loaded anyway: --allow-nonfinite)", bad.describe());
+        warn_nonfinite_weights(dir, c.amor);
     } else {
         hymix::models::require_finite_weights(rd.weights(), hint);
         hymix::models::require_finite_weights(hymix::safetensors::file(c.amor), hint);

@@ -26,13 +26,7 @@ basic_loaded_model<Model> load_on(const common_options& o) {
     const auto t0 = clock_type::now();
     using hymix::nonfinite_weights;
     const auto nonfinite = o.allow_nonfinite ? nonfinite_weights::allow : nonfinite_weights::refuse;
-    if (o.allow_nonfinite) {
-        for (const auto& bad : hymix::models::find_nonfinite_weights(hymix::safetensors::open_checkpoint(dir)))
-            console::note("hymix: warning: {} (loaded anyway: --allow-nonfinite)", bad.describe());
-        if (!o.amor.empty())
-            for (const auto& bad : hymix::models::find_nonfinite_weights(hymix::safetensors::file(o.amor)))
-                console::note("hymix: warning: {} (loaded anyway: --allow-nonfinite)", bad.describe());
-    }
+    if (o.allow_nonfinite) warn_nonfinite_weights(dir, o.amor);
     auto cfg = hymix::io::read_json_file(dir / "config.json");
     auto load = [&] {
         try {
@@ -61,6 +55,14 @@ basic_loaded_model<Model> load_on(const common_options& o) {
     return m;
 }
 }  // namespace
+
+void warn_nonfinite_weights(const std::filesystem::path& dir, const std::string& amor) {
+    for (const auto& bad : hymix::models::find_nonfinite_weights(hymix::safetensors::open_checkpoint(dir)))
+        console::note("hymix: warning: {} (loaded anyway: --allow-nonfinite)", bad.describe());
+    if (!amor.empty())
+        for (const auto& bad : hymix::models::find_nonfinite_weights(hymix::safetensors::file(amor)))
+            console::note("hymix: warning: {} (loaded anyway: --allow-nonfinite)", bad.describe());
+}
 
 basic_loaded_model<hymix::auto_model> load_cpu_model(const common_options& o) { return load_on<hymix::auto_model>(o); }
 basic_loaded_model<hymix::reference_auto_model> load_reference_model(const common_options& o) {

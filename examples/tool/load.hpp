@@ -35,6 +35,10 @@ struct basic_loaded_model {
 /// when the path does not exist or is not a directory.
 std::filesystem::path resolve_model_dir(const std::string& arg);
 
+/// Names every tensor holding NaN / Inf in the checkpoint of `dir` and in the AMOR file `amor` (none when empty) in a
+/// warning on stderr: what --allow-nonfinite loads anyway.
+void warn_nonfinite_weights(const std::filesystem::path& dir, const std::string& amor);
+
 /// Loads the model (refusing non-finite weights unless allowed) on the CPU or the reference backend and prints the
 /// load and system lines on stderr.
 basic_loaded_model<hymix::auto_model> load_cpu_model(const common_options& o);

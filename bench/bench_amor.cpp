@@ -147,16 +147,7 @@ void fill_kv(Cache& cache, std::int64_t B, std::int64_t n) {
     for (std::int64_t l = 0; l < cache.n_layers(); ++l)
         std::visit([&](auto& st) {
             if constexpr (requires { st.set_length(0, 0); st.keys(0); }) {
-                st.reserve(n + 1);
-                for (std::int64_t b = 0; b < B; ++b) {
-                    auto k = st.keys(b), v = st.values(b);
-                    for (std::int64_t i = 0; i < k.numel(); ++i) {
-                        r = r * 1664525u + 1013904223u;
-                        k.data[i] = static_cast<float>(r >> 8) * (1.f / 16777216.f) - 0.5f;
-                        v.data[i] = static_cast<float>(r & 0xffffu) * (1.f / 65536.f) - 0.5f;
-                    }
-                    st.set_length(b, n);
-                }
+                for (std::int64_t b = 0; b < B; ++b) hymix::bench::fill_kv_slot(st, b, n, r);
             }
         }, cache.layer_state(l));
 }

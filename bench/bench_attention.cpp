@@ -73,18 +73,9 @@ void BM_attn_decode(benchmark::State& st) {
     hymix::cpu_backend be;
     const hymix::attention m(c, hymix::attention_weights::random(c, 1));
     auto state = m.make_state(B);
-    state.reserve(ctx + 1);
     // Fill the caches directly with finite values (prefilling 32K tokens would dominate the run).
     std::uint32_t r = 12345;
-    for (std::int64_t b = 0; b < B; ++b) {
-        auto k = state.keys(b), v = state.values(b);  // [H_kv, capacity, d_h]
-        for (std::int64_t i = 0; i < k.numel(); ++i) {
-            r = r * 1664525u + 1013904223u;
-            k.data[i] = static_cast<float>(r >> 8) * (1.f / 16777216.f) - 0.5f;
-            v.data[i] = static_cast<float>(r & 0xffffu) * (1.f / 65536.f) - 0.5f;
-        }
-        state.set_length(b, ctx);
-    }
+    for (std::int64_t b = 0; b < B; ++b) hymix::bench::fill_kv_slot(state, b, ctx, r);
     const auto x = hymix::bench::random_vec(static_cast<std::size_t>(B * c.d_model), 2);
     std::vector<float> y(x.size());
     std::vector<std::int64_t> slots(static_cast<std::size_t>(B));

@@ -50,7 +50,7 @@ preset_test() {
     fi
     local args=(--test-dir "$BUILD_ROOT/$p" --output-on-failure --no-tests=error)
     if [ "$p" = sanitize ]; then
-        args+=(--label-exclude '^(headers|failtest|package)$')
+        args+=(--label-exclude '^(headers|failtest|package|docs)$')
         ASAN_OPTIONS=halt_on_error=1:abort_on_error=1:detect_leaks=1:detect_stack_use_after_return=1:strict_init_order=1:check_initialization_order=1 \
             UBSAN_OPTIONS=halt_on_error=1:abort_on_error=1:print_stacktrace=1 \
             ctest "${args[@]}" "$@"

@@ -6,7 +6,7 @@ set -euo pipefail
 
 packages=(
     build-essential cmake ninja-build             # compiler and build tools
-    clang libclang-rt-14-dev                      # clang + its libFuzzer/sanitizer runtimes (for the fuzzers)
+    clang libclang-rt-14-dev                      # clang + its libFuzzer/sanitizer runtimes (sanitize preset, fuzzers)
     libeigen3-dev                                 # GEMM and matrix maps
     libxsimd-dev xtl-dev                          # SIMD kernels; Debian's xsimd CMake target links `xtl` by name
     libtbb-dev                                    # oneTBB: threads of the CPU backend

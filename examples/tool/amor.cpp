@@ -208,10 +208,10 @@ std::vector<sweep_point> read_sweep_csv(const std::filesystem::path& path) {
     return pts;
 }
 
-/// `load_backbone()` reads the backbone checkpoint afresh (the untrained stack and the trained one each take one);
+/// `bb` is the backbone, read once: the untrained stack is built on a copy of it and the trained one takes it;
 /// `trained` is the AMOR file's configuration, already checked against the backbone's kind.
-template <class S, class LoadBackbone>
-int sweep_amor(const common_options& c, const amor_sweep_options& o, LoadBackbone load_backbone, const hymix::models::amor_config& trained,
+template <class S, class Backbone>
+int sweep_amor(const common_options& c, const amor_sweep_options& o, Backbone bb, const hymix::models::amor_config& trained,
                const hymix::train::byte_corpus& corpus) {
     hymix::cpu_backend be(c.threads);
     const std::span<const std::uint8_t> text(corpus.bytes);
@@ -240,7 +240,6 @@ int sweep_amor(const common_options& c, const amor_sweep_options& o, LoadBackbon
     };
     auto eval = [&](const auto& model, std::int64_t L) { return hymix::train::evaluate_heldout(be, model, text, corpus.train_end, n, L); };
     {
-        auto bb = load_backbone();
         if (bb.config().d_model != trained.d_model || bb.config().vocab_size != trained.vocab_size)
             throw hymix::config_error(fmt::format("{}: AMOR blocks for d_model {} and vocab_size {}, but the backbone '{}' has d_model {} and "
                                                   "vocab_size {}",
@@ -251,10 +250,10 @@ int sweep_amor(const common_options& c, const amor_sweep_options& o, LoadBackbon
                       be.num_threads());
         for (std::int64_t L : o.windows) report({"backbone", 0, L, eval(bb, L)});
         // The same blocks as initialised (W_o = 0: they add nothing, but the classic mode re-normalises the stream).
-        const S fresh = hymix::models::make_amor<S>(std::move(bb), trained, 0);
+        const S fresh = hymix::models::make_amor<S>(Backbone(bb), trained, 0);
         for (std::int64_t L : o.windows) report({"untrained", 0, L, eval(fresh, L)});
     }
-    S m = hymix::models::load_amor<S>(load_backbone(), c.amor);
+    S m = hymix::models::load_amor<S>(std::move(bb), c.amor);
     auto for_gates = [&](auto&& f) {
         for (std::int64_t l = 0; l < m.n_layers(); ++l)
             std::visit([&](auto& blk) {
@@ -349,10 +348,10 @@ int run_amor_sweep(const common_options& c, const amor_sweep_options& opt) {
     }
     const auto corpus = hymix::train::byte_corpus::load(o.text);
     if (mt == "mamba2")
-        return sweep_amor<hymix::models::amor_mamba2_stack<>>(
-            c, o, [&] { return hymix::models::load_hf_mamba2<hymix::models::hf_mamba2_stack>(dir); }, trained, corpus);
-    return sweep_amor<hymix::models::amor_gdn_stack<>>(
-        c, o, [&] { return hymix::models::load_hf_qwen3_5<hymix::models::qwen3_5_gdn_stack>(dir); }, trained, corpus);
+        return sweep_amor<hymix::models::amor_mamba2_stack<>>(c, o, hymix::models::load_hf_mamba2<hymix::models::hf_mamba2_stack>(rd), trained,
+                                                              corpus);
+    return sweep_amor<hymix::models::amor_gdn_stack<>>(c, o, hymix::models::load_hf_qwen3_5<hymix::models::qwen3_5_gdn_stack>(rd), trained,
+                                                       corpus);
 }
 
 }  // namespace tool

@@ -1,7 +1,7 @@
 # Runs scripts/amor_experiments.sh on a machine without network (the device machine's many-core host): Debian
 # packages unpacked from .debs/, the shared models and text copied into .shared_models/ (data/kjv.txt,
 # models/<name>/{config.json,model.safetensors}). Uses a carried tool in .tool/hymix when it runs there, else builds
-# it. The docs it writes, the runs' logs and their last AMOR files are packed into $OUT/amor_docs.tar.gz.
+# it. The docs it writes, the runs' logs, loss curves and last AMOR files are packed into $OUT/amor_docs.tar.gz.
 #   MINUTES=4 PARALLEL=6 THREADS=2 DEADLINE_S=500 bash scripts/dev/device_amor.sh
 set -e
 mkdir -p /tmp/deps && for d in .debs/*.deb; do dpkg -x "$d" /tmp/deps; done
@@ -28,4 +28,5 @@ for r in "$runs"/*/latest; do
     ck="$(dirname "$r")/$(cat "$r")/amor.safetensors"
     if [ -f "$ck" ]; then files+=("$ck"); fi
 done
+for f in "$runs"/*/loss.csv "$runs"/*/loss.svg; do files+=("$f"); done  # the loss curves, also of runs not yet swept
 tar czf "$OUT/amor_docs.tar.gz" "${DOCS:-docs/amor}" "$runs"/*.out "$runs"/*.log "$runs"/*.sweep "${files[@]}" || true

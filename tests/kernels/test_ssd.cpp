@@ -75,11 +75,14 @@ std::vector<double> slice(const std::vector<double>& v, std::int64_t begin, std:
 TEST_CASE("ssd chunked and step equal the fp64 recurrence (invariant 6)") {
     const cpu_backend be(2);
     // Odd sizes (scalar tails everywhere), and d_state 80: the step's blocks of 4 SIMD widths plus a remainder.
-    for (const auto& [H, P, G, N] : std::vector<std::array<std::int64_t, 4>>{{6, 5, 3, 13}, {4, 37, 2, 80}})
+    for (const auto& shape : std::vector<std::array<std::int64_t, 4>>{{6, 5, 3, 13}, {4, 37, 2, 80}})
     for (std::int64_t T : {1, 5, 50, 100})
         for (std::int64_t Q : {4, 16, 64})
             for (bool nonzero_init : {false, true})
                 for (bool d_hdim : {false, true}) {
+                    // Plain locals, not structured bindings: doctest's CAPTURE takes them into a lambda (clang < 16
+                    // cannot capture a binding).
+                    const std::int64_t H = shape[0], P = shape[1], G = shape[2], N = shape[3];
                     CAPTURE(P);
                     CAPTURE(T);
                     CAPTURE(Q);

@@ -553,7 +553,8 @@ void gated_delta_rule_chunked_backward(const Backend& be, const seq_batch& batch
     // With grouped value heads, dq and dk are staged per value head and summed afterwards in head order.
     const bool staged = r > 1 && (dq.data || dk.data);
     detail::aligned_floats stage(staged ? static_cast<std::size_t>(2 * n * Hv * Dk) : 0);
-    const tensor_view<float, 3> dq_v(stage.data(), {n, Hv, Dk}), dk_v(stage.data() + n * Hv * Dk, {n, Hv, Dk});
+    // (No offset from the empty stage's null pointer when unstaged: that is undefined behaviour even if never read.)
+    const tensor_view<float, 3> dq_v(stage.data(), {n, Hv, Dk}), dk_v(staged ? stage.data() + n * Hv * Dk : nullptr, {n, Hv, Dk});
     detail::for_each_chunked_seq_head(be, chunks, Hv, [&](std::int64_t b, std::int64_t e, auto item) {
         detail::gdn_bwd_scratch& w = detail::gdn_bwd_workspace(std::max<std::int64_t>(chunks.width(), 1), Dk, Dv);
         for (std::int64_t it = b; it < e; ++it) {

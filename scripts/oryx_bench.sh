@@ -26,7 +26,7 @@ table() {
         /^name,/ { for (i = 1; i <= NF; i++) col[$i] = i; started = 1; next }
         !started { next }
         {
-            n = split($1, p, "/"); kind = p[1]; arg = ""
+            n = split($1, p, "/"); kind = p[1]
             for (i = 2; i <= n; i++) { split(p[i], kv, ":"); a[kv[1]] = kv[2] }
             tps = $col["tokens/s"]; fl = $col["flop_peak_frac"]; bw = $col["bw_peak_frac"]
             if (what == "decode") {

@@ -7,12 +7,13 @@
 # Usage: scripts/amor_decode_bench.sh        environment: BENCH (default build/release/bench/bench_amor),
 #   FILTER (a --benchmark_filter regex), DOCS (docs/amor), NOTE (a sentence for the report: what else ran, which host)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+# shellcheck source=scripts/common.sh
+source "$(dirname "$0")/common.sh"
+cd "$HYMIX_ROOT"
 bench=${BENCH:-build/release/bench/bench_amor} docs=${DOCS:-docs/amor}
-[ -x "$bench" ] || { echo "amor_decode_bench: build it first (cmake --build --preset release --target bench_amor)" >&2; exit 2; }
 mkdir -p "$docs"
 csv=$docs/decode_vs_context.csv
-"$bench" ${FILTER:+--benchmark_filter="$FILTER"} --benchmark_out="$csv" --benchmark_out_format=csv >&2
+run_bench_csv "$bench" "$csv" ${FILTER:+--benchmark_filter="$FILTER"} || exit $?
 {
     echo "# AMOR decode throughput against context (scripts/amor_decode_bench.sh)"
     echo

@@ -62,3 +62,26 @@ preset_test() {
 stage() {
     printf '\n==== %s ====\n' "$*"
 }
+
+# Whether $1 is a Google Benchmark CSV with its header and at least one result row.
+bench_csv_ok() {
+    awk -F, '/^"?name"?,/ { h = 1; next } h && NF > 5 { r = 1 } END { exit !(h && r) }' "$1" 2>/dev/null
+}
+
+# run_bench_csv BENCH CSV [ARGS...]: runs the Google Benchmark binary BENCH with ARGS into CSV, through a temporary
+# file that replaces CSV only when the run succeeded and wrote results (a mistyped --benchmark_filter matches
+# nothing: the previous results stay). Returns non-zero, naming BENCH, otherwise.
+run_bench_csv() {
+    local bench=$1 csv=$2
+    shift 2
+    [ -x "$bench" ] || { echo "no benchmark executable '$bench' (build it first: cmake --build --preset release --target $(basename "$bench"))" >&2; return 2; }
+    local tmp="$csv.tmp.$$"
+    if "$bench" "$@" --benchmark_out="$tmp" --benchmark_out_format=csv >&2 && bench_csv_ok "$tmp"; then
+        mv "$tmp" "$csv"
+    else
+        rm -f "$tmp"
+        echo "'$bench' failed or produced no results; '$csv' is unchanged" >&2
+        return 1
+    fi
+}
+

@@ -8,15 +8,16 @@
 #   --benchmark_filter regex), DOCS (docs), NOTE (a sentence for the report: what else ran, which host), FROM_CSV
 #   (non-empty: only re-write docs/oryx_bench.md from the existing CSV; the machine line is then this machine's)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+# shellcheck source=scripts/common.sh
+source "$(dirname "$0")/common.sh"
+cd "$HYMIX_ROOT"
 bench=${BENCH:-build/release/bench/bench_oryx} docs=${DOCS:-docs}
 csv=$docs/oryx_bench.csv
 if [ -n "${FROM_CSV:-}" ]; then  # re-write the tables of a finished run
-    [ -f "$csv" ] || { echo "oryx_bench: FROM_CSV is set but '$csv' does not exist" >&2; exit 2; }
+    bench_csv_ok "$csv" || { echo "oryx_bench: FROM_CSV is set but '$csv' is not a benchmark CSV with results" >&2; exit 2; }
 else
-    [ -x "$bench" ] || { echo "oryx_bench: build it first (cmake --build --preset release --target bench_oryx)" >&2; exit 2; }
     mkdir -p "$docs"
-    "$bench" ${FILTER:+--benchmark_filter="$FILTER"} --benchmark_out="$csv" --benchmark_out_format=csv >&2
+    run_bench_csv "$bench" "$csv" ${FILTER:+--benchmark_filter="$FILTER"} || exit $?
 fi
 # Columns of Google Benchmark's CSV: name,iterations,real_time,cpu_time,time_unit,..., then the counters in name
 # order. The awk programs read the counters by header name.
@@ -71,4 +72,4 @@ peaks=$(awk -F, '{ gsub(/"/, "") } /^name,/ { for (i = 1; i <= NF; i++) col[$i] 
     echo
     table prefill
 } >"$docs/oryx_bench.md"
-echo "oryx_bench: wrote $csv and $docs/oryx_bench.md" >&2
+if [ -n "${FROM_CSV:-}" ]; then echo "oryx_bench: wrote $docs/oryx_bench.md from $csv" >&2; else echo "oryx_bench: wrote $csv and $docs/oryx_bench.md" >&2; fi

@@ -74,6 +74,11 @@ TEST_CASE("header length larger than the file") {
     CHECK(has(msg, "2 bytes"));
     std::string huge(8, '\xff');
     CHECK(has(format_error_of(huge), "header length 18446744073709551615"));
+    // A damaged length before a JSON header is not called another kind of file; text is.
+    CHECK_FALSE(has(msg, "not a safetensors file"));
+    const auto text = format_error_of("In the beginning God created the heaven and the earth.\n", "io_st_text.safetensors");
+    CHECK(has(text, "header length"));
+    CHECK(has(text, "this is not a safetensors file"));
 }
 
 TEST_CASE("header not JSON / not an object / too deep") {

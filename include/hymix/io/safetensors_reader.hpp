@@ -391,12 +391,16 @@ private:
             throw format_error("safetensors file '" + origin_ + "' is " + std::to_string(size) +
                                " bytes long, shorter than the 8-byte header length field");
         const std::uint64_t n = detail::read_u64_le(store_->data());
+        // A file of another kind (text, a PyTorch .bin) usually fails here: say so, not only that the length is odd.
+        const bool object_follows = size > 8 && static_cast<char>(store_->data()[8]) == '{';
+        const std::string kind_hint =
+            object_follows ? "" : " (this is not a safetensors file: no JSON header '{' follows the 8-byte length field)";
         if (n > size - 8)
             throw format_error(origin_ + ": header length " + std::to_string(n) + " is larger than the " +
-                               std::to_string(size - 8) + " bytes that follow the length field");
+                               std::to_string(size - 8) + " bytes that follow the length field" + kind_hint);
         if (n > max_header_bytes)
             throw format_error(origin_ + ": header length " + std::to_string(n) + " exceeds the limit of " +
-                               std::to_string(max_header_bytes) + " bytes");
+                               std::to_string(max_header_bytes) + " bytes" + kind_hint);
         data_offset_ = static_cast<std::size_t>(8 + n);
         const std::uint64_t data_size = size - data_offset_;
         const std::string_view text(reinterpret_cast<const char*>(store_->data() + 8), static_cast<std::size_t>(n));

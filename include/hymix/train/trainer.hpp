@@ -176,6 +176,10 @@ struct train_setup {
     /// into `out` ([n_rows] bytes); empty function: none. It must depend only on its arguments, so that a resumed run
     /// draws what the uninterrupted one drew.
     std::function<void(const seq_batch& batch, std::int64_t step, std::int64_t micro, std::vector<unsigned char>& out)> side;
+    /// Where the batches come from: micro-batch `micro` (of n_seq windows of the options' seq_len) of optimizer step
+    /// `step` (a synthetic task, e.g. train/recall.hpp); empty function: random windows of the corpus' training split.
+    /// It must depend only on its arguments, so that a resumed run trains on what the uninterrupted one did.
+    std::function<token_batch(std::int64_t step, std::int64_t micro, std::int64_t n_seq)> batches;
 };
 
 /// Trains `m` (in place) on `corpus` on backend `be`, writing into `out_dir`. With `resume`, the run continues from
@@ -322,7 +326,12 @@ train_result train_model(const B& be, Model& m, const byte_corpus& corpus, const
         zero_grads(ps);
         double loss = 0;
         for (std::int64_t k = 0; k < opt.accum; ++k) {
-            const auto tb = sampler.next(micro);
+            const auto tb = setup.batches ? setup.batches(step, k, micro) : sampler.next(micro);
+            if (tb.n_seq != micro || tb.seq_len != opt.seq_len || tb.inputs.size() != tb.targets.size() ||
+                static_cast<std::int64_t>(tb.inputs.size()) != tb.n_tokens())
+                throw shape_error("train: a batch of " + std::to_string(tb.n_seq) + " x " + std::to_string(tb.seq_len) + " (" +
+                                  std::to_string(tb.inputs.size()) + " inputs, " + std::to_string(tb.targets.size()) +
+                                  " targets) where " + std::to_string(micro) + " x " + std::to_string(opt.seq_len) + " was asked");
             side.clear();
             if (setup.side) setup.side(tb.batch(), step, k, side);
             const auto bl = loss_and_grad(be, m, g, acts, tb.batch(), tb.inputs, tb.targets,

@@ -2,23 +2,28 @@
 // MQAR pairs followed by queries, and needles at random depths of the KJV text) and measures answer accuracy —
 // single-mixer stacks as they are, Oryx stacks under mode schedules: all linear, all attention, attention only on
 // the query tokens (a linear prefill then attention "decode" of the questions), and attention on random blocks of
-// 64 tokens with probability f (the attention fraction). Training uses the ordinary trainer (checkpoints, loss
-// curves, resume) with the recall batches in place of text windows; evaluation splits each sequence into its
-// context (one prefill call, only the last logits kept) and its query region (a second call on the same cache).
+// 64 tokens with probability f (the attention fraction). Training uses the ordinary trainer (loss curves and
+// checkpoints in OUT_DIR/<stack>/) with the recall batches in place of text windows; the loss is the mean over the
+// answers, and the trainer scales gradients by 1 / (tokens in the batch), so gradient norms are smaller than for
+// text by the share of answer positions (AdamW's updates do not depend on that scale). Evaluation splits each
+// sequence into its context (one prefill call, only the last logits kept) and its query region (a second call on the
+// same cache), and scores every stack on the same held-out sequences.
 //
 //   example_recall TEXT OUT_DIR [key=value ...]
 // keys (defaults): stacks=oryx-gdn,gdn,attention  minutes=3  steps=100000  threads=0 (all)  d_model=128  layers=2
 //   heads=4  head_dim=32  d_ff=256  d_state=32  batch=32  seq_len=256  lr=3e-3  warmup=100  seed=1  block=32 (Oryx
-//   training blocks)  p_attention=0.5  train_tasks=mqar:256:16,needle:256:4  warm_tasks=mqar:64:16 (stage 1: the first
-//   warm_fraction=0.3 of the time trains on these, at their own seq_len; empty: no stage 1)  eval_tasks=mqar:64:16,mqar:256:16,
-//   mqar:1024:32,needle:1024,needle:4096,needle:16384  eval_n=256 (sequences per task up to 2K bytes; a quarter up to 4K, a sixteenth beyond, at
-//   least 16)  docs= (a directory:
+//   training blocks)  p_attention=0.5  train_tasks=mqar:256:16,needle:256:4  warm_tasks=mqar:64:16 (stage 1, at its
+//   own seq_len; empty: no stage 1)  warm_fraction=0.3 (stage 1's share of minutes and of steps; minutes=0: no time
+//   limit)  eval_tasks=mqar:64:16,mqar:256:16,mqar:1024:32,needle:1024,needle:4096,needle:16384  eval_n=256
+//   (sequences per task up to 2K bytes; a quarter up to 4K, a sixteenth beyond, at least 16)  docs= (a directory:
 //   also write recall_table.md, recall.csv and the plots recall_<stack>.svg there)
-// TEXT is the haystack (its first 95% for training sequences, the rest for evaluation: the split of
-// shared/models/README.md). OUT_DIR/<stack>/ holds each training run and its accuracies (recall.csv); OUT_DIR/recall.csv,
-// recall_<stack>.svg (Oryx stacks) and recall_table.md gather the stacks of this call. A stack already finished in OUT_DIR/<stack> (a `done`
-// file and its recall.csv) is neither trained nor evaluated again, so stacks can be trained by parallel calls (one
-// stack each) and gathered by a last call naming them all; delete OUT_DIR/<stack> to redo one. Errors exit with 2.
+// TEXT is the haystack (ASCII; its first 95% for training sequences, the rest for evaluation: the split of
+// shared/models/README.md). Every option is checked before anything trains. OUT_DIR/<stack>/ holds each training run
+// and its accuracies (recall.csv); OUT_DIR/recall.csv, recall_<stack>.svg (Oryx stacks) and recall_table.md gather the
+// stacks of this call. A stack finished in OUT_DIR/<stack> (its `done` file records the options) is neither trained
+// nor evaluated again under the same options, and refused under others, so stacks can be trained by parallel calls
+// (one stack each) and gathered by a last call naming them all; an interrupted stack is trained again from the start;
+// delete OUT_DIR/<stack> to redo one. Errors exit with 2.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -70,8 +75,115 @@ struct options {
         }
         throw hymix::config_error("option " + k + "=" + it->second + ": not a number");
     }
-    std::int64_t integer(const std::string& k, std::int64_t def) const { return static_cast<std::int64_t>(num(k, static_cast<double>(def))); }
+    std::int64_t integer(const std::string& k, std::int64_t def) const {
+        const double v = num(k, static_cast<double>(def));
+        if (v != std::floor(v)) throw hymix::config_error("option " + k + "=" + get(k, "") + ": not a whole number");
+        return static_cast<std::int64_t>(v);
+    }
 };
+
+/// Every option after defaults, checked before anything is trained.
+struct settings {
+    std::vector<std::string> stacks;
+    double minutes = 3, lr = 3e-3, warm_fraction = 0.3, p_attention = 0.5;
+    std::int64_t steps = 100000, threads = 0, batch = 32, seq_len = 256, warmup = 100, eval_n = 256;
+    std::int64_t d_model = 128, layers = 2, heads = 4, head_dim = 32, d_ff = 256, d_state = 32, block = 32;
+    std::uint64_t seed = 1;
+    std::vector<tr::recall_task> train_tasks, warm_tasks, eval_tasks;
+    std::string train_spec, warm_spec, eval_spec;
+
+    /// The options that decide what a stack learns and how it is scored (not stacks, threads or docs): a finished
+    /// stack is reused only under the same ones.
+    std::string fingerprint() const {
+        std::ostringstream f;
+        f << "minutes=" << minutes << " steps=" << steps << " batch=" << batch << " seq_len=" << seq_len << " lr=" << lr << " warmup=" << warmup
+          << " seed=" << seed << " d_model=" << d_model << " layers=" << layers << " heads=" << heads << " head_dim=" << head_dim
+          << " d_ff=" << d_ff << " d_state=" << d_state << " block=" << block << " p_attention=" << p_attention << " train_tasks=" << train_spec
+          << " warm_tasks=" << warm_spec << " warm_fraction=" << warm_fraction << " eval_tasks=" << eval_spec << " eval_n=" << eval_n;
+        return f.str();
+    }
+};
+
+/// The evaluation sequences' stream seed: the same for every run, so every stack is scored on the same sequences.
+constexpr std::uint64_t eval_seed = 1000003;
+/// The training streams' seeds of a run seed (stage 2 and stage 1).
+std::uint64_t train_stream(std::uint64_t seed) { return seed; }
+std::uint64_t warm_stream(std::uint64_t seed) { return seed + 1000; }
+
+std::vector<tr::recall_task> parse_tasks(const std::string& key, const std::string& spec) {
+    std::vector<tr::recall_task> t;
+    for (const auto& f : split(spec, ',')) {
+        try {
+            t.push_back(tr::parse_recall_task(f));
+        } catch (const hymix::config_error& e) {
+            throw hymix::config_error("option " + key + ": " + e.what());
+        }
+    }
+    return t;
+}
+
+/// Reads and checks every option against the text: task lists, lengths that fit the training split and the held-out
+/// part, stage settings, seeds. Throws config_error naming the option.
+settings read_settings(const options& o, const tr::byte_corpus& corpus, const std::string& text_name) {
+    settings s;
+    s.stacks = split(o.get("stacks", "oryx-gdn,gdn,attention"), ',');
+    if (s.stacks.empty()) throw hymix::config_error("option stacks: no stack named");
+    s.minutes = o.num("minutes", s.minutes);
+    s.steps = o.integer("steps", s.steps);
+    s.threads = o.integer("threads", s.threads);
+    s.batch = o.integer("batch", s.batch);
+    s.seq_len = o.integer("seq_len", s.seq_len);
+    s.lr = o.num("lr", s.lr);
+    s.warmup = o.integer("warmup", s.warmup);
+    s.seed = static_cast<std::uint64_t>(o.integer("seed", 1));
+    s.eval_n = o.integer("eval_n", s.eval_n);
+    s.d_model = o.integer("d_model", s.d_model);
+    s.layers = o.integer("layers", s.layers);
+    s.heads = o.integer("heads", s.heads);
+    s.head_dim = o.integer("head_dim", s.head_dim);
+    s.d_ff = o.integer("d_ff", s.d_ff);
+    s.d_state = o.integer("d_state", s.d_state);
+    s.block = o.integer("block", s.block);
+    s.p_attention = o.num("p_attention", s.p_attention);
+    s.warm_fraction = o.num("warm_fraction", s.warm_fraction);
+    s.train_spec = o.get("train_tasks", "mqar:256:16,needle:256:4");
+    s.warm_spec = o.get("warm_tasks", "mqar:64:16");
+    s.eval_spec = o.get("eval_tasks", "mqar:64:16,mqar:256:16,mqar:1024:32,needle:1024,needle:4096,needle:16384");
+    s.train_tasks = parse_tasks("train_tasks", s.train_spec);
+    s.warm_tasks = parse_tasks("warm_tasks", s.warm_spec);
+    s.eval_tasks = parse_tasks("eval_tasks", s.eval_spec);
+    if (s.threads < 0) throw hymix::config_error("option threads: must be >= 0 (0: every core), found " + std::to_string(s.threads));
+    if (s.eval_n < 1) throw hymix::config_error("option eval_n: must be >= 1, found " + std::to_string(s.eval_n));
+    if (!(s.minutes >= 0)) throw hymix::config_error("option minutes: must be >= 0");
+    if (!(s.warm_fraction >= 0 && s.warm_fraction < 1))
+        throw hymix::config_error("option warm_fraction: must lie in [0, 1), found " + o.get("warm_fraction", ""));
+    if (s.train_tasks.empty()) throw hymix::config_error("option train_tasks: no task");
+    if (s.eval_tasks.empty()) throw hymix::config_error("option eval_tasks: no task");
+    for (const auto& k : s.train_tasks)
+        if (k.seq_len != s.seq_len)
+            throw hymix::config_error("option train_tasks: " + k.describe() + " has seq_len " + std::to_string(k.seq_len) + ", training uses seq_len=" +
+                                      std::to_string(s.seq_len));
+    for (const auto& k : s.warm_tasks)
+        if (k.seq_len != s.warm_tasks[0].seq_len)
+            throw hymix::config_error("option warm_tasks: the tasks must share one seq_len: " + s.warm_tasks[0].describe() + " and " + k.describe());
+    if (train_stream(s.seed) == eval_seed || warm_stream(s.seed) == eval_seed)
+        throw hymix::config_error("option seed: " + std::to_string(s.seed) + " would train on the evaluation sequences; choose another");
+    const auto fits = [&](const std::vector<tr::recall_task>& ts, std::int64_t avail, const char* key, const char* part) {
+        for (const auto& k : ts)
+            if (k.context_len() > avail)
+                throw hymix::config_error(std::string("option ") + key + ": " + k.describe() + " needs " + std::to_string(k.context_len()) +
+                                          " bytes of haystack, the " + part + " of '" + text_name + "' has " + std::to_string(avail));
+    };
+    fits(s.train_tasks, corpus.n_train(), "train_tasks", "training split (first 95%)");
+    fits(s.warm_tasks, corpus.n_train(), "warm_tasks", "training split (first 95%)");
+    fits(s.eval_tasks, corpus.n_heldout(), "eval_tasks", "held-out part (last 5%)");
+    try {
+        (void)tr::recall_haystack(std::span<const std::uint8_t>(corpus.bytes));
+    } catch (const hymix::value_error& e) {
+        throw hymix::value_error("text '" + text_name + "': " + e.what());
+    }
+    return s;
+}
 
 /// One evaluation schedule: its name and the attention fraction it asks for (random blocks), or a fixed rule.
 struct eval_schedule {
@@ -183,46 +295,48 @@ std::vector<row> read_rows(const fs::path& p) {
 }
 
 template <class Model>
-void run_stack(const options& o, const std::string& stack, Model m, tr::train_setup<Model> setup,
-               const tr::byte_corpus& corpus, const fs::path& out, std::vector<row>& rows) {
-    const hymix::cpu_backend be(static_cast<int>(o.integer("threads", 0)));
+void run_stack(const settings& cfg, const std::string& stack, Model m, tr::train_setup<Model> setup, const tr::byte_corpus& corpus,
+               const fs::path& out, std::vector<row>& rows) {
+    const hymix::cpu_backend be(static_cast<int>(cfg.threads));
     const fs::path dir = out / stack;
     tr::train_options t;
-    t.steps = o.integer("steps", 100000);
-    t.minutes = o.num("minutes", 3);
-    t.batch = o.integer("batch", 32);
-    t.seq_len = o.integer("seq_len", 256);
-    t.adamw.lr = o.num("lr", 3e-3);
-    t.warmup = o.integer("warmup", 100);
+    t.steps = cfg.steps;
+    t.minutes = cfg.minutes;
+    t.batch = cfg.batch;
+    t.seq_len = cfg.seq_len;
+    t.adamw.lr = cfg.lr;
+    t.warmup = cfg.warmup;
     t.decay = tr::lr_decay::constant;
-    t.seed = static_cast<std::uint64_t>(o.integer("seed", 1));
+    t.seed = cfg.seed;
     t.eval_bytes = 0;  // the held-out text's bits/byte says nothing here; accuracy is measured below
     t.log_every = 25;
-    std::vector<tr::recall_task> train_tasks;
-    for (const auto& f : split(o.get("train_tasks", "mqar:256:16,needle:256:4"), ',')) train_tasks.push_back(tr::parse_recall_task(f));
-    for (const auto& k : train_tasks)
-        if (k.seq_len != t.seq_len)
-            throw hymix::config_error("train task " + k.describe() + " has seq_len " + std::to_string(k.seq_len) + ", training uses seq_len=" +
-                                      std::to_string(t.seq_len));
     const tr::recall_haystack train_hay(std::span<const std::uint8_t>(corpus.bytes).first(static_cast<std::size_t>(corpus.train_end)));
     const tr::recall_haystack eval_hay(std::span<const std::uint8_t>(corpus.bytes).subspan(static_cast<std::size_t>(corpus.train_end)));
-    setup.batches = [&, seed = t.seed](std::int64_t step, std::int64_t micro, std::int64_t n_seq) {
+    // Sequence indices of a step (accum is 1 here, so micro is 0): the batch's sequences follow each other in the stream.
+    setup.batches = [&, seed = train_stream(cfg.seed)](std::int64_t step, std::int64_t micro, std::int64_t n_seq) {
         const auto first = static_cast<std::uint64_t>((step * 64 + micro) * n_seq);
-        return tr::make_recall_batch(std::span<const tr::recall_task>(train_tasks), train_hay, n_seq, seed, first);
+        return tr::make_recall_batch(std::span<const tr::recall_task>(cfg.train_tasks), train_hay, n_seq, seed, first);
     };
     std::int64_t n_params = 0;
     m.for_each_param([&](const std::string&, hymix::tensor<float>& w) { n_params += w.numel(); });
     double secs = 0;
     std::int64_t steps = 0;
-    if (fs::exists(dir / "done") && fs::exists(dir / "recall.csv")) {
-        const auto old = read_rows(dir / "recall.csv");
-        rows.insert(rows.end(), old.begin(), old.end());
-        std::fprintf(stderr, "== %s: trained and evaluated before (%s), %zu results reused\n", stack.c_str(), dir.string().c_str(), old.size());
-        return;
-    }
+    const auto fp = cfg.fingerprint();
     if (fs::exists(dir / "done")) {
         std::ifstream f(dir / "done");
-        f >> steps >> secs;
+        std::string line, old_fp;
+        std::getline(f, line);
+        std::getline(f, old_fp);
+        if (old_fp != fp)
+            throw hymix::config_error("'" + dir.string() + "' holds a run with other options (" + (old_fp.empty() ? "none recorded" : old_fp) +
+                                      ") than this call's (" + fp + "): delete it or choose another OUT_DIR");
+        std::istringstream(line) >> steps >> secs;
+        if (fs::exists(dir / "recall.csv")) {
+            const auto old = read_rows(dir / "recall.csv");
+            rows.insert(rows.end(), old.begin(), old.end());
+            std::fprintf(stderr, "== %s: trained and evaluated before (%s), %zu results reused\n", stack.c_str(), dir.string().c_str(), old.size());
+            return;
+        }
         hymix::models::checkpoint_reader rd(tr::latest_checkpoint(dir));
         if constexpr (std::is_same_v<Model, hymix::models::oryx_lm_stack>) m = hymix::models::load_oryx_lm(rd);
         else if constexpr (std::is_same_v<Model, hymix::models::hf_mamba2_stack>) m = hymix::models::load_hf_mamba2(rd);
@@ -233,23 +347,21 @@ void run_stack(const options& o, const std::string& stack, Model m, tr::train_se
         fs::remove_all(dir);
         std::fprintf(stderr, "== %s: %lld parameters, training %.1f min on %d threads\n", stack.c_str(), static_cast<long long>(n_params),
                      t.minutes, be.num_threads());
-        // Stage 1 (a share of the time): short sequences of the warm-up tasks, no filler to wade through; then the
-        // main tasks with a fresh optimizer, starting from stage 1's weights.
-        std::vector<tr::recall_task> warm;
-        for (const auto& f : split(o.get("warm_tasks", "mqar:64:16"), ',')) warm.push_back(tr::parse_recall_task(f));
-        const double warm_fraction = o.num("warm_fraction", 0.3);
-        if (!(warm_fraction >= 0 && warm_fraction < 1)) throw hymix::config_error("warm_fraction must lie in [0, 1)");
-        if (!warm.empty() && warm_fraction > 0) {
+        // Stage 1 (warm_fraction of the time and of the steps): short sequences of the warm-up tasks, no filler to wade
+        // through; then the main tasks with a fresh optimizer, starting from stage 1's weights.
+        if (!cfg.warm_tasks.empty() && cfg.warm_fraction > 0) {
             auto w = t;
-            w.seq_len = warm[0].seq_len;
-            w.minutes = t.minutes * warm_fraction;
+            w.seq_len = cfg.warm_tasks[0].seq_len;
+            w.minutes = t.minutes * cfg.warm_fraction;
             t.minutes -= w.minutes;
+            w.steps = std::max<std::int64_t>(1, static_cast<std::int64_t>(static_cast<double>(t.steps) * cfg.warm_fraction));
+            t.steps = std::max<std::int64_t>(1, t.steps - w.steps);
             auto ws = setup;
-            ws.batches = [&, seed = t.seed + 1000](std::int64_t step, std::int64_t micro, std::int64_t n_seq) {
-                return tr::make_recall_batch(std::span<const tr::recall_task>(warm), train_hay, n_seq, seed,
+            ws.batches = [&, seed = warm_stream(cfg.seed)](std::int64_t step, std::int64_t micro, std::int64_t n_seq) {
+                return tr::make_recall_batch(std::span<const tr::recall_task>(cfg.warm_tasks), train_hay, n_seq, seed,
                                              static_cast<std::uint64_t>((step * 64 + micro) * n_seq));
             };
-            std::fprintf(stderr, "== %s: stage 1, %.1f min on %s\n", stack.c_str(), w.minutes, o.get("warm_tasks", "mqar:64:16").c_str());
+            std::fprintf(stderr, "== %s: stage 1, %.1f min on %s\n", stack.c_str(), w.minutes, cfg.warm_spec.c_str());
             const auto r1 = tr::train_model(be, m, corpus, w, ws, dir / "stage1", false, &std::cerr);
             steps += r1.steps_done;
             secs += r1.seconds;
@@ -259,7 +371,7 @@ void run_stack(const options& o, const std::string& stack, Model m, tr::train_se
         const auto r = tr::train_model(be, m, corpus, t, setup, dir, false, &std::cerr);
         steps += r.steps_done;
         secs += r.seconds;
-        std::ofstream(dir / "done") << steps << " " << secs << "\n";
+        std::ofstream(dir / "done") << steps << " " << secs << "\n" << fp << "\n";
         std::fprintf(stderr, "== %s: %lld steps in %.0f s, final answer loss %.4f nats\n", stack.c_str(), static_cast<long long>(steps), secs, r.final_loss);
     }
     std::vector<eval_schedule> scheds;
@@ -274,15 +386,14 @@ void run_stack(const options& o, const std::string& stack, Model m, tr::train_se
     } else {
         scheds = {{"default", eval_schedule::none}};
     }
-    const auto n_eval = o.integer("eval_n", 256);
+    const auto n_eval = cfg.eval_n;
     std::vector<row> mine;
-    for (const auto& f : split(o.get("eval_tasks", "mqar:64:16,mqar:256:16,mqar:1024:32,needle:1024,needle:4096,needle:16384"), ',')) {
-        const auto task = tr::parse_recall_task(f);
+    for (const auto& task : cfg.eval_tasks) {
         // Fewer sequences for long tasks (their attention costs T² each): n_eval up to 2K bytes, n_eval / 4 up to 4K,
         // n_eval / 16 beyond (at least 16).
         const std::int64_t n = task.seq_len <= 2048 ? n_eval : std::max<std::int64_t>(16, n_eval / (task.seq_len <= 4096 ? 4 : 16));
         for (const auto& s : scheds) {
-            const auto e = evaluate(be, m, task, eval_hay, n, 1000003, s);
+            const auto e = evaluate(be, m, task, eval_hay, n, eval_seed, s);
             row rw{stack, task.describe(), s.name, n_params, steps, secs, e.attention_fraction, e.score.accuracy(),
                    static_cast<double>(e.score.perfect) / static_cast<double>(e.score.sequences), e.score.answers};
             if (s.kind == eval_schedule::none) rw.fraction = stack == "attention" ? 1.0 : 0.0;
@@ -316,29 +427,35 @@ int main(int argc, char** argv) try {
         if (std::find_if(std::begin(known), std::end(known), [&](const char* s) { return k == s; }) == std::end(known))
             throw hymix::config_error("unknown option '" + k + "'");
     const auto corpus = tr::byte_corpus::load(argv[1]);
+    const settings cfg = read_settings(o, corpus, argv[1]);
     const fs::path out = argv[2];
     fs::create_directories(out);
     std::vector<row> rows;
-    const auto seed = static_cast<std::uint64_t>(o.integer("seed", 1));
-    for (const auto& stack : split(o.get("stacks", "oryx-gdn,gdn,attention"), ',')) {
+    const auto spec_of = [&](const std::string& stack) {
         tr::byte_lm_spec s;
         s.stack = stack;
-        s.d_model = o.integer("d_model", 128);
-        s.n_layers = o.integer("layers", 2);
-        s.head_dim = o.integer("head_dim", 32);
-        s.linear_heads = s.attn_heads = s.attn_kv_heads = o.integer("heads", 4);
-        s.d_ff = o.integer("d_ff", 256);
-        s.d_state = o.integer("d_state", 32);
-        s.oryx_block_size = o.integer("block", 32);
-        s.oryx_p_attention = o.num("p_attention", 0.5);
+        s.d_model = cfg.d_model;
+        s.n_layers = cfg.layers;
+        s.head_dim = cfg.head_dim;
+        s.linear_heads = s.attn_heads = s.attn_kv_heads = cfg.heads;
+        s.d_ff = cfg.d_ff;
+        s.d_state = cfg.d_state;
+        s.oryx_block_size = cfg.block;
+        s.oryx_p_attention = cfg.p_attention;
+        (void)tr::hf_config(s);  // checks the spec and the sizes (config_error naming the field)
+        return s;
+    };
+    for (const auto& stack : cfg.stacks) (void)spec_of(stack);  // every stack's size is valid before any trains
+    for (const auto& stack : cfg.stacks) {
+        const auto s = spec_of(stack);
         const auto config = tr::hf_config(s);
         if (s.is_oryx())
-            run_stack(o, stack, tr::random_oryx_lm(s, seed),
-                      tr::oryx_setup<hymix::models::oryx_lm_stack>(config, s.oryx_block_size, s.oryx_p_attention, seed), corpus, out, rows);
+            run_stack(cfg, stack, tr::random_oryx_lm(s, cfg.seed),
+                      tr::oryx_setup<hymix::models::oryx_lm_stack>(config, s.oryx_block_size, s.oryx_p_attention, cfg.seed), corpus, out, rows);
         else if (s.is_mamba2())
-            run_stack(o, stack, tr::random_mamba2_lm(s, seed), tr::hf_setup<hymix::models::hf_mamba2_stack>(config), corpus, out, rows);
+            run_stack(cfg, stack, tr::random_mamba2_lm(s, cfg.seed), tr::hf_setup<hymix::models::hf_mamba2_stack>(config), corpus, out, rows);
         else
-            run_stack(o, stack, tr::random_qwen3_5_lm(s, seed), tr::hf_setup<hymix::models::qwen3_5_hybrid_stack>(config), corpus, out,
+            run_stack(cfg, stack, tr::random_qwen3_5_lm(s, cfg.seed), tr::hf_setup<hymix::models::qwen3_5_hybrid_stack>(config), corpus, out,
                       rows);
     }
     write_rows(out / "recall.csv", rows);

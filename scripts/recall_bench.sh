@@ -9,13 +9,16 @@
 # one thread each, 14 minutes (about 21 minutes in all on 2 cores, with the evaluation).
 # Usage: scripts/recall_bench.sh [TEXT] (default ../shared/data/kjv.txt); environment: MINUTES (14, per stack),
 #   STACKS (oryx-gdn,oryx-mamba2,gdn,attention), PARALLEL (4; n > 1 trains up to n stacks at once, 1 one after
-#   another), THREADS (1 per stack; 0 = all cores), EXAMPLE (build/release/examples/example_recall), RUNS (run directories, build/recall_runs; a stack already
-#   done there is reused: delete its directory to redo it), EXTRA (more key=value options for example_recall;
-#   default eval_n=128), DOCS
-#   (docs), NOTE (a sentence for the report). Progress goes to stderr and RUNS/<stack>.log.
+#   another), THREADS (1 per stack; 0 = all cores), EXAMPLE (build/release/examples/example_recall), RUNS (run
+#   directories, build/recall_runs; a stack done there under the same options is reused, and refused under others:
+#   delete its directory to redo it), EXTRA (more key=value options for example_recall; default eval_n=128), DOCS
+#   (docs), NOTE (a sentence for the report); paths in the environment are relative to the repository root.
+#   Progress goes to stderr and RUNS/<stack>.log.
 set -euo pipefail
+here=$PWD
 cd "$(dirname "$0")/.."
 text=${1:-../shared/data/kjv.txt}
+case $text in /*) ;; *) [ -f "$here/$text" ] && [ $# -ge 1 ] && text=$here/$text ;; esac  # TEXT relative to the caller
 exe=${EXAMPLE:-build/release/examples/example_recall}
 minutes=${MINUTES:-14} stacks=${STACKS:-oryx-gdn,oryx-mamba2,gdn,attention} parallel=${PARALLEL:-4} threads=${THREADS:-1}
 runs=${RUNS:-build/recall_runs} docs=${DOCS:-docs}
@@ -28,18 +31,20 @@ args=(minutes="$minutes" threads="$threads" "${extra[@]}")
 t0=$(date +%s)
 if [ "$parallel" -gt 1 ]; then
     pids=() names=()
+    trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT  # a failure stops the other trainers too
     for st in ${stacks//,/ }; do
         while [ "$(jobs -rp | wc -l)" -ge "$parallel" ]; do sleep 2; done
-        echo "recall_bench: training $st ($minutes min, log $runs/$st.log)" >&2
-        "$exe" "$text" "$runs" stacks="$st" "${args[@]}" >"$runs/$st.out" 2>"$runs/$st.log" &
+        echo "recall_bench: $st ($minutes min unless done before under the same options; log $runs/$st.log)" >&2
+        "$exe" "$text" "$runs" stacks="$st" "${args[@]}" >>"$runs/$st.out" 2>>"$runs/$st.log" &
         pids+=($!) names+=("$st")
     done
     for i in "${!pids[@]}"; do
         wait "${pids[$i]}" || { echo "recall_bench: ${names[$i]} failed:" >&2; tail -20 "$runs/${names[$i]}.log" >&2; exit 1; }
     done
+    trap - EXIT
 fi
 # One call over every stack: trains those not done yet (one after another), evaluates, gathers the results.
-"$exe" "$text" "$runs" stacks="$stacks" "${args[@]}" docs="$docs" >"$runs/all.out" 2> >(tee "$runs/all.log" >&2)
+"$exe" "$text" "$runs" stacks="$stacks" "${args[@]}" docs="$docs" >>"$runs/all.out" 2> >(tee -a "$runs/all.log" >&2)
 secs=$(( $(date +%s) - t0 ))
 {
     echo "# Recall: Oryx against single-mixer stacks (scripts/recall_bench.sh)"
@@ -53,13 +58,14 @@ secs=$(( $(date +%s) - t0 ))
     echo "\`mqar:T:N:Q\` and \`needle:T:1:1\`, one needle in T bytes (1K, 4K and 16K: beyond the training length)."
     echo "Stacks: ${stacks//,/, }; $minutes minutes of training each${extra[*]:+ (options: ${extra[*]})}; d_model 128, 2 layers,"
     echo "4 heads × 32, d_ff 256 unless the options say otherwise; AdamW lr 3e-3 (100 warmup steps, then constant, per"
-    echo "stage), 32 sequences per step; Oryx in block-random mode (blocks of 32, P(attention) 0.5)."
+    echo "stage), 32 sequences per step; Oryx in block-random mode (blocks of 32, P(attention) 0.5). This describes"
+    echo "example_recall's defaults; the options above change them where they name them."
     echo
     echo "Oryx schedules at evaluation: \`all_linear\`, \`all_attention\`, \`queries_attention\` (linear over the"
     echo "context, attention on the query tokens only: a linear prefill then attention decode of the questions; the"
     echo "fraction of attention tokens is in brackets) and \`random_blocks:f\` (each block of 64 tokens in attention"
     echo "mode with probability f). Machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores,"
-    echo "${parallel} stack(s) at a time, threads=${threads} (0: all).${NOTE:+ $NOTE} This call took ${secs} s (stacks already done in RUNS are reused, not retrained). Raw numbers:"
+    echo "${parallel} stack(s) at a time, threads=${threads} (0: all).${NOTE:+ $NOTE} Raw numbers:"
     echo "[recall.csv](recall.csv) (training steps and seconds per stack). Accuracy against the attention fraction:"
     for st in ${stacks//,/ }; do
         [ -f "$docs/recall_$st.svg" ] && echo "[$st](recall_$st.svg)"

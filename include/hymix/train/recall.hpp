@@ -15,8 +15,8 @@
 //     replacement, values uniform (repeats allowed). `scatter` = false puts the pairs back to back at the start (MQAR);
 //     true puts them in N distinct 2-byte slots at uniform positions 2·i of the context (needles at random depths).
 // Sequence i of a call with seed S is generated from its own stream (mt19937_64 seeded by a SplitMix64 mix of S and
-// i), with draws reduced by modulo (64-bit state: bias below 2⁻⁵⁰), so a sequence does not depend on the batch size
-// and is the same under every standard library.
+// i), with draws reduced by modulo (a draw from [0, m) is biased by under m / 2⁶⁴: 2⁻⁴² for a window start in a
+// 4 MB haystack), so a sequence does not depend on the batch size and is the same under every standard library.
 #pragma once
 
 #include <algorithm>

@@ -56,6 +56,18 @@ models::oryx_lm_stack saved_model(const std::string& stack, const fs::path& dir)
 
 std::vector<std::int32_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
 
+/// The step,tokens,loss prefix of every row of a run's loss.csv (times and tokens/s differ between runs).
+std::vector<std::string> loss_curve(const fs::path& csv) {
+    std::ifstream f(csv);
+    std::vector<std::string> rows;
+    std::string line;
+    std::getline(f, line);  // header
+    while (std::getline(f, line)) rows.push_back(line.substr(0, line.find(',', line.find(',', line.find(',') + 1) + 1)));
+    return rows;
+}
+/// The loss of one loss_curve row.
+double loss_of(const std::string& row) { return std::stod(row.substr(row.rfind(',') + 1)); }
+
 }  // namespace
 
 TEST_CASE("oryx LM: auto_model loads the Oryx layout and gives the stack's logits under each mode schedule, split or not") {
@@ -190,14 +202,9 @@ TEST_CASE("oryx LM: block-random training with train_model lowers the loss and r
     o.progress = false;
     const cpu_backend be(2);
     const auto config = train::hf_config(s);
-    const auto read_csv = [](const fs::path& p) {
-        std::ifstream f(p);
-        return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-    };
     fs::remove_all(dir);
     auto m = train::random_oryx_lm(s, 5);
     const auto full = train::train_model(be, m, corpus, o, train::oryx_setup<models::oryx_lm_stack>(config, s.oryx_block_size, 0.5, 1), dir, false);
-    const auto curve = read_csv(dir / "loss.csv");
     CHECK(full.steps_done == 30);
     CHECK(std::isfinite(full.heldout_bpb));
     // Interrupted after 11 steps, then resumed from the checkpoint.
@@ -209,28 +216,12 @@ TEST_CASE("oryx LM: block-random training with train_model lowers the loss and r
     train::train_model(be, m2, corpus, o2, train::oryx_setup<models::oryx_lm_stack>(config, s.oryx_block_size, 0.5, 1), dir2, false);
     auto m3 = models::load_oryx_lm(train::latest_checkpoint(dir2));
     train::train_model(be, m3, corpus, o, train::oryx_setup<models::oryx_lm_stack>(config, s.oryx_block_size, 0.5, 1), dir2, true);
-    const auto curve2 = read_csv(dir2 / "loss.csv");
     // The loss columns are equal (times and tokens/s differ): compare the step,tokens,loss prefix of every row.
-    const auto losses = [](const std::string& csv) {
-        std::vector<std::string> out;
-        std::size_t b = csv.find('\n') + 1;
-        while (b < csv.size()) {
-            const std::size_t e = csv.find('\n', b);
-            const std::string row = csv.substr(b, e - b);
-            std::size_t c = 0;
-            for (int k = 0; k < 3 && c != std::string::npos; ++k) c = row.find(',', c + 1);
-            out.push_back(row.substr(0, c));
-            if (e == std::string::npos) break;
-            b = e + 1;
-        }
-        return out;
-    };
-    const auto l1 = losses(curve), l2 = losses(curve2);
+    const auto l1 = loss_curve(dir / "loss.csv"), l2 = loss_curve(dir2 / "loss.csv");
     REQUIRE(l1.size() >= 30);
     CHECK(l1 == l2);
     MESSAGE("first and last rows: " << l1.front() << " ... " << l1.back());
     // The loss falls.
-    const auto loss_of = [](const std::string& row) { return std::stod(row.substr(row.rfind(',') + 1)); };
     CHECK(loss_of(l1.back()) < 0.8 * loss_of(l1.front()));
 }
 
@@ -260,14 +251,6 @@ TEST_CASE("oryx LM: train_model on recall batches (train_setup::batches) lowers 
     o.eval_bytes = 0;  // no text evaluation
     o.progress = false;
     const cpu_backend be(2);
-    const auto loss_rows = [](const fs::path& p) {
-        std::ifstream f(p);
-        std::vector<std::string> rows;
-        std::string line;
-        std::getline(f, line);
-        while (std::getline(f, line)) rows.push_back(line.substr(0, line.find(',', line.find(',', line.find(',') + 1) + 1)));
-        return rows;
-    };
     const fs::path dir = fs::path(HYMIX_TEST_TMP) / "oryx_lm_recall", dir2 = fs::path(HYMIX_TEST_TMP) / "oryx_lm_recall_resume";
     fs::remove_all(dir);
     fs::remove_all(dir2);
@@ -281,12 +264,11 @@ TEST_CASE("oryx LM: train_model on recall batches (train_setup::batches) lowers 
     train::train_model(be, m2, corpus, o2, setup, dir2, false);
     auto m3 = models::load_oryx_lm(train::latest_checkpoint(dir2));
     train::train_model(be, m3, corpus, o, setup, dir2, true);
-    const auto l1 = loss_rows(dir / "loss.csv"), l2 = loss_rows(dir2 / "loss.csv");
+    const auto l1 = loss_curve(dir / "loss.csv"), l2 = loss_curve(dir2 / "loss.csv");
     REQUIRE(l1.size() >= 24);
     CHECK(l1 == l2);
     // Only the answers are scored: the loss starts near ln 256 and falls as the model moves its mass to the 64 values
     // (measured: 5.55 -> 4.70 nats in 24 steps).
-    const auto loss_of = [](const std::string& row) { return std::stod(row.substr(row.rfind(',') + 1)); };
     MESSAGE("answer loss: " << l1.front() << " ... " << l1.back());
     CHECK(loss_of(l1.front()) > std::log(128.0));
     CHECK(loss_of(l1.back()) < loss_of(l1.front()) - 0.6);

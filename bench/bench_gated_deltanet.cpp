@@ -131,12 +131,13 @@ void BM_gdn_chunked_core(benchmark::State& st) {
     hymix::bench::report(st, static_cast<double>(T), f, 4.0 * static_cast<double>(q.size() + k.size() + 2 * v.size()), be.num_threads());
 }
 
-/// The gated delta rule decode step alone (same heads), B sequences of one token: 6 d_k·d_v FLOPs per value head.
+/// The gated delta rule decode step alone (same heads, or `heads` of them), B sequences of one token, on `threads`
+/// threads: 6 d_k·d_v FLOPs per value head.
 void BM_gdn_step_core(benchmark::State& st) {
     auto c = layer_config(1);
     if (st.range(1) > 0) c.n_k_heads = c.n_v_heads = st.range(1);
     const std::int64_t B = st.range(0), Hk = c.n_k_heads, Hv = c.n_v_heads, dk = c.d_k, dv = c.d_v;
-    hymix::cpu_backend be(2);
+    hymix::cpu_backend be(static_cast<int>(st.range(2)));
     const auto q = hymix::bench::random_vec(static_cast<std::size_t>(B * Hk * dk), 10), k = hymix::bench::random_vec(q.size(), 11),
                v = hymix::bench::random_vec(static_cast<std::size_t>(B * Hv * dv), 12);
     std::vector<float> g(static_cast<std::size_t>(B * Hv), -0.05f), beta(g.size(), 0.5f), o(v.size());
@@ -165,4 +166,10 @@ BENCHMARK(BM_gdn_prefill)
     ->UseRealTime();
 BENCHMARK(BM_gdn_decode)->ArgNames({"layer", "B"})->ArgsProduct({{0, 1}, {1, 8}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_gdn_chunked_core)->ArgNames({"T", "chunk", "heads"})->ArgsProduct({{512, 2048}, {32, 64, 128}, {0}})->Args({512, 64, 16})->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_gdn_step_core)->ArgNames({"B", "heads"})->Args({1, 0})->Args({8, 0})->Args({1, 16})->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_gdn_step_core)
+    ->ArgNames({"B", "heads", "threads"})
+    ->ArgsProduct({{1}, {0, 2, 16}, {1, 2}})
+    ->Args({8, 0, 1})
+    ->Args({8, 0, 2})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();

@@ -1,11 +1,14 @@
-// kernels::linear (y[M, N] = x[M, K] · W[N, K]ᵀ; W in f32, bf16 or f16) against one plain Eigen product, for
-// decode (M = 1, 8) and prefill (M = 512, 2048) at N = K = 768, 2048 and 4096 (M ≤ 512), on 1 and 2 threads
-// (HYMIX_BENCH_THREADS="1,2,4,8,16" sets others). Weights rotate through a 1 GiB pool (512 MiB for 16-bit weights) so
+// kernels::linear (y[M, N] = x[M, K] · W[N, K]ᵀ; W in f32, bf16, f16 or i8 with per-row scales) against one plain
+// Eigen product, for decode (M = 1, 8) and prefill (M = 512, 2048) at N = K = 768, 2048 and 4096 (M ≤ 512), on 1 and
+// 2 threads (HYMIX_BENCH_THREADS="1,2,4,8,16" sets others). Weights rotate through a 1 GiB pool (512 MiB for 16-bit
+// weights, 256 MiB for 8-bit ones) so
 // every call reads them from DRAM, as in a model whose layers do not fit in cache. Report: GFLOP/s and the
 // fraction of the FMA peak; for M ≤ 8, GB/s of weights and the fraction of the DRAM read peak (bench/peak.hpp,
 // measured in the same run).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -49,10 +52,22 @@ const hymix::tensor<T>& weight_pool16() {
     return pool;
 }
 
+/// The pool's first quarter as 8-bit integers: q = round(254 · w) for w in [−0.5, 0.5) (scale 1/254 for every row).
+const hymix::tensor<std::int8_t>& weight_pool8() {
+    static const hymix::tensor<std::int8_t> pool = [] {
+        hymix::tensor<std::int8_t> t{weight_pool().numel()};
+        for (std::int64_t i = 0; i < t.numel(); ++i) t[i] = static_cast<std::int8_t>(std::lround(std::clamp(254.f * weight_pool()[i], -127.f, 127.f)));
+        return t;
+    }();
+    return pool;
+}
+
 template <class T>
 const hymix::tensor<T>& pool_of() {
     if constexpr (std::is_same_v<T, float>)
         return weight_pool();
+    else if constexpr (std::is_same_v<T, std::int8_t>)
+        return weight_pool8();
     else
         return weight_pool16<T>();
 }
@@ -73,17 +88,18 @@ template <class T = float>
 struct problem {
     std::int64_t M, N, K;
     int threads;
-    hymix::tensor<float> x, bias, y;  // [M, K], [N], [M, N]
+    hymix::tensor<float> x, bias, y, scale;  // [M, K], [N], [M, N], [N] (8-bit weights' row scales)
     weight_rotation<T> weights;
     explicit problem(const benchmark::State& st)
         : M(st.range(0)), N(st.range(1)), K(st.range(1)), threads(static_cast<int>(st.range(2))), x{M, K}, bias{N},
-          y{M, N}, weights(N, K) {
+          y{M, N}, scale{N}, weights(N, K) {
         for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = static_cast<float>(i % 17) * 0.01f - 0.08f;
         for (std::int64_t i = 0; i < N; ++i) bias[i] = static_cast<float>(i % 5) * 0.1f;
+        scale.fill(1.f / 254.f);
     }
     void report(benchmark::State& st, const std::string& impl) const {
         const double flops = 2.0 * static_cast<double>(M * N * K);
-        const double weight_bytes = static_cast<double>(sizeof(T)) * static_cast<double>(N * K);
+        const double weight_bytes = static_cast<double>(sizeof(T)) * static_cast<double>(N * K) + (sizeof(T) == 1 ? 4.0 * static_cast<double>(N) : 0.0);
         const double bytes = weight_bytes + 4.0 * static_cast<double>(M * K + M * N);
         hymix::bench::report(st, static_cast<double>(M), flops, M <= 8 ? weight_bytes : bytes, threads,
                              static_cast<double>(sizeof(T)) * static_cast<double>(pool_of<T>().numel()));
@@ -104,11 +120,18 @@ void BM_linear_hymix(benchmark::State& st) {
     set_eigen_threads(1);  // hymix threads with the backend; Eigen runs inside its tasks, single-threaded
     const hymix::cpu_backend be(p.threads);
     for (auto _ : st) {
-        hymix::kernels::linear(be, p.x.template view<2>(), p.weights.take(), p.bias.data(), p.y.template view<2>());
+        if constexpr (std::is_same_v<T, std::int8_t>)
+            hymix::kernels::linear(be, p.x.template view<2>(), hymix::q8_view{p.weights.take(), p.scale.data()}, p.bias.data(),
+                                   p.y.template view<2>());
+        else
+            hymix::kernels::linear(be, p.x.template view<2>(), p.weights.take(), p.bias.data(), p.y.template view<2>());
         benchmark::DoNotOptimize(p.y.data());
         benchmark::ClobberMemory();
     }
-    p.report(st, std::is_same_v<T, float> ? "hymix f32 weights" : std::is_same_v<T, hymix::bf16> ? "hymix bf16 weights" : "hymix f16 weights");
+    p.report(st, std::is_same_v<T, float>        ? "hymix f32 weights"
+                 : std::is_same_v<T, hymix::bf16> ? "hymix bf16 weights"
+                 : std::is_same_v<T, hymix::f16>  ? "hymix f16 weights"
+                                                  : "hymix i8 weights (per-row scales)");
 }
 
 void BM_linear_eigen(benchmark::State& st) {
@@ -148,4 +171,5 @@ void shapes(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_linear_hymix<float>)->Name("BM_linear_hymix")->Apply(shapes);
 BENCHMARK(BM_linear_hymix<hymix::bf16>)->Name("BM_linear_hymix_bf16")->Apply(shapes);
 BENCHMARK(BM_linear_hymix<hymix::f16>)->Name("BM_linear_hymix_f16")->Apply(shapes);
+BENCHMARK(BM_linear_hymix<std::int8_t>)->Name("BM_linear_hymix_i8")->Apply(shapes);
 BENCHMARK(BM_linear_eigen)->Apply(shapes);

@@ -121,12 +121,12 @@ void BM_ssd_chunked_core(benchmark::State& st) {
     hymix::bench::report(st, double(T), f, 4.0 * double(x.size() + bc.size() + y.size()), be.num_threads());
 }
 
-/// The SSD decode step alone (130M-class head layout, B sequences of one token each), FLOPs and bytes of the state
-/// update and read-out.
+/// The SSD decode step alone (130M-class head layout with H heads: 24 as the 130M model, 4 for a small layer whose
+/// state is 512 KiB; B sequences of one token each) on 1 or 2 threads, FLOPs and bytes of the state update and read-out.
 void BM_ssd_step_core(benchmark::State& st) {
     const auto cfg = layer_config(768);
-    const std::int64_t B = st.range(0), H = cfg.n_heads, P = cfg.head_dim, N = cfg.d_state, G = cfg.n_groups;
-    const hymix::cpu_backend be(2);
+    const std::int64_t B = st.range(0), H = st.range(1), P = cfg.head_dim, N = cfg.d_state, G = cfg.n_groups;
+    const hymix::cpu_backend be(static_cast<int>(st.range(2)));
     const auto x = hymix::bench::random_vec(std::size_t(B * H * P), 4), bc = hymix::bench::random_vec(std::size_t(2 * B * G * N), 5);
     std::vector<float> dt(std::size_t(B * H), 0.02f), A(std::size_t(H), -1.f), D(std::size_t(H), 1.f), y(x.size()),
         s(std::size_t(B * H * P * N));
@@ -171,5 +171,5 @@ BENCHMARK(BM_mamba2_prefill)
     ->UseRealTime();
 BENCHMARK(BM_mamba2_decode)->ArgNames({"d", "B"})->ArgsProduct({{256, 768}, {1, 8}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_ssd_chunked_core)->ArgNames({"T", "chunk"})->ArgsProduct({{512, 2048}, {32, 64, 128, 256}})->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_ssd_step_core)->ArgName("B")->Arg(1)->Arg(8)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_ssd_step_core)->ArgNames({"B", "H", "threads"})->ArgsProduct({{1, 8}, {4, 24}, {1, 2}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_linear_in_proj_calibration)->ArgName("M")->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -1,6 +1,7 @@
 // Whole models at real size from a config.json, with random weights (random_stack: each mixer's own initialisation):
 // prefill of 512 tokens, decode at batch 1 and 8 after a 512-token prompt, with the projection weights stored as
-// f32, bf16 or f16 (model::store_weights_as). This is the model-level table to set beside llama-bench.
+// f32, bf16, f16 or i8 with per-row scales (model::store_weights_as). This is the model-level table to set beside
+// llama-bench.
 //
 // Configs: bench/configs/*.json (HF layouts: model_type mamba2 or qwen3_5_text / qwen3_5), or the files listed in
 // HYMIX_BENCH_CONFIGS (comma-separated paths; point it at a downloaded checkpoint's config.json). The two shipped
@@ -173,7 +174,7 @@ void decode(benchmark::State& st, fs::path config, hymix::dtype d, std::int64_t 
 const bool registered = [] {
     for (const auto& cfg : config_files()) {
         const std::string name = cfg.stem().string();
-        for (hymix::dtype d : {hymix::dtype::f32, hymix::dtype::bf16, hymix::dtype::f16}) {
+        for (hymix::dtype d : {hymix::dtype::f32, hymix::dtype::bf16, hymix::dtype::f16, hymix::dtype::i8}) {
             const std::string dn = hymix::weight_dtype_name(d);
             benchmark::RegisterBenchmark(("prefill/" + name + "/" + dn + "/T:512").c_str(), prefill, cfg, d)
                 ->Unit(benchmark::kMillisecond)

@@ -185,6 +185,10 @@ logits)
     if "$check" logits "$work/lbf.safetensors" "$work/l.safetensors" 0.05 >"$work/cmp" 2>&1; then echo "ok:   bf16 weights close to f32"; else
         echo "FAIL: bf16 weights far from f32: $(cat "$work/cmp")"; failures=$((failures + 1)); fi
     expect 0 "f16 projection weights" logits -m "$tiny" --weights f16 --backend ref --input "$work/ids.safetensors" --output "$work/lh.safetensors"
+    # 8-bit projection weights (per-row scales): named, logits within the quantization's reach of the f32 ones.
+    expect 0 "load: .*; i8 projection weights, [0-9.]+ MB\)" logits -m "$tiny" --weights i8 --input "$work/ids.safetensors" --output "$work/lq.safetensors"
+    if "$check" logits "$work/lq.safetensors" "$work/l.safetensors" 0.05 >"$work/cmp" 2>&1; then echo "ok:   i8 weights close to f32"; else
+        echo "FAIL: i8 weights far from f32: $(cat "$work/cmp")"; failures=$((failures + 1)); fi
     expect 1 "--weights: .*int8" logits -m "$tiny" --weights int8 --input "$work/ids.safetensors" --output "$work/lx.safetensors"
     "$check" ids "$work/bad.safetensors" 1 4 300
     expect 2 "input_ids\[0, 3\] = 300 is outside the vocabulary \[0, 256\)" logits -m "$tiny" --input "$work/bad.safetensors" --output "$work/l2.safetensors"

@@ -248,9 +248,10 @@ struct command_line {
             ->capture_default_str();
         if (inference)
             c->add_option("--weights", common.weights,
-                          "storage of the projection weights (mixers, MLPs, embedding, LM head): f32, or bf16 / f16 for inference "
-                          "(half the bytes per decode step; exactly the f32 model on weights rounded to that type)")
-                ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+                          "storage of the projection weights (mixers, MLPs, embedding, LM head): f32, or for inference bf16 / f16 "
+                          "(half the bytes per decode step; exactly the f32 model on weights rounded to that type) or i8 (a quarter: "
+                          "8-bit integers with one scale per row; bits/byte cost on the shared checkpoints in docs/quantization.md)")
+                ->check(CLI::IsMember({"f32", "bf16", "f16", "i8"}))
                 ->capture_default_str();
         c->add_option("--amor", common.amor,
                       "AMOR file (entropy-gated attention blocks trained on the --model backbone; spec.md §5) to run on top of it")

@@ -1,9 +1,11 @@
 // Tensor views, owning tensors, Eigen interop, dtype conversions, linear_weight storage and the error hierarchy.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 #include <type_traits>
 
 #include "hymix/core/convert.hpp"
@@ -241,14 +243,80 @@ TEST_CASE("linear_weight: f32 by default, bf16 / f16 storage rounds to nearest e
                          value_error);
     CHECK(parse_weight_dtype("bfloat16") == dtype::bf16);
     CHECK(parse_weight_dtype("fp16") == dtype::f16);
-    CHECK_THROWS_WITH_AS(parse_weight_dtype("int8"), "weight dtype: expected f32, bf16 or f16, found \"int8\"", config_error);
+    CHECK(parse_weight_dtype("int8") == dtype::i8);
+    CHECK(parse_weight_dtype("q8") == dtype::i8);
+    CHECK_THROWS_WITH_AS(parse_weight_dtype("int4"), "weight dtype: expected f32, bf16, f16 or i8, found \"int4\"", config_error);
+}
+
+TEST_CASE("linear_weight: i8 storage quantizes each row by its absmax (error at most half a step), refuses non-finite values") {
+    const std::int64_t N = 4, K = 37;
+    linear_weight w = tensor<float>({N, K});
+    for (std::int64_t i = 0; i < N * K; ++i) w[i] = std::sin(0.37f * static_cast<float>(i)) * (i / K == 1 ? 1e-4f : 3.f);
+    for (std::int64_t k = 0; k < K; ++k) w[2 * K + k] = 0.f;  // an all-zero row: scale 0, exact
+    w[3 * K + 5] = -9.f;                                       // row 3's absmax, negative
+    const tensor<float> orig = w.f32();
+    linear_weight q = w;
+    q.store_as(dtype::i8, "w");
+    CHECK(q.storage() == dtype::i8);
+    CHECK(q.stored_bytes() == static_cast<std::size_t>(N * K + N * 4));
+    CHECK(q.shape() == std::vector<std::int64_t>{N, K});
+    CHECK(q.numel() == N * K);
+    CHECK_THROWS_WITH_AS((void)q.data(), doctest::Contains("stored as i8"), value_error);
+    // A visitor of tensor views only meets a clear error; q8() gives the integers and scales.
+    CHECK_THROWS_WITH_AS(q.visit_stored<2>([](auto v) -> int {
+                             if constexpr (is_q8_view_v<decltype(v)>) throw std::logic_error("unreachable");
+                             else return static_cast<int>(v.dim(0));
+                         }),
+                         "unreachable", std::logic_error);
+    CHECK_THROWS_WITH_AS(q.visit_stored<2>([]<class T>(tensor_view<const T, 2>) {}), doctest::Contains("stored as i8"), value_error);
+    CHECK_THROWS_AS(((void)q.stored_view<bf16, 2>()), value_error);
+    CHECK_THROWS_AS((void)w.q8(), value_error);
+    const q8_view v = q.q8();
+    for (std::int64_t n = 0; n < N; ++n) {
+        CAPTURE(n);
+        float amax = 0;
+        for (std::int64_t k = 0; k < K; ++k) amax = std::max(amax, std::abs(orig[n * K + k]));
+        CHECK(v.scale[n] == amax / 127.f);
+        int extreme = 0;
+        for (std::int64_t k = 0; k < K; ++k) {
+            CHECK(std::abs(static_cast<int>(v.q(n, k))) <= 127);
+            extreme = std::max(extreme, std::abs(static_cast<int>(v.q(n, k))));
+            CHECK(std::abs(v.at(n, k) - orig[n * K + k]) <= 0.5f * v.scale[n] * (1.f + 1e-5f));
+        }
+        CHECK(extreme == (n == 2 ? 0 : 127));
+    }
+    CHECK(v.q(3, 5) == -127);
+    // Back to f32: scale · q; to bf16 through those values; quantizing again is exact (a fixed point).
+    linear_weight back = q;
+    back.store_as(dtype::f32);
+    for (std::int64_t i = 0; i < N * K; ++i) CHECK(back[i] == v.at(i / K, i % K));
+    linear_weight again = back;
+    again.store_as(dtype::i8);
+    for (std::int64_t i = 0; i < N * K; ++i) CHECK(again.q8().q(i / K, i % K) == v.q(i / K, i % K));
+    linear_weight b16 = q;
+    b16.store_as(dtype::bf16);
+    CHECK(b16.storage() == dtype::bf16);
+    // Non-finite values cannot be carried by a scale: named, and the weight is left as it was.
+    linear_weight bad = w;
+    bad[K + 3] = std::numeric_limits<float>::quiet_NaN();
+    CHECK_THROWS_WITH_AS(bad.store_as(dtype::i8, "layers.1.mixer.in_proj.weight"),
+                         doctest::Contains("layers.1.mixer.in_proj.weight: value nan at element 40 cannot be quantized to i8"), value_error);
+    CHECK(bad.storage() == dtype::f32);
+    CHECK(std::isnan(bad[K + 3]));
+    // Rows of a rank-3 weight are its first dimension.
+    linear_weight cube = tensor<float>({2, 3, 4});
+    for (std::int64_t i = 0; i < 24; ++i) cube[i] = static_cast<float>(i) - 11.5f;
+    cube.store_as(dtype::i8);
+    CHECK(cube.q8().dim(0) == 2);
+    CHECK(cube.q8().dim(1) == 12);
+    CHECK(cube.q8().scale[0] == 11.5f / 127.f);
 }
 
 TEST_CASE("linear_weight: moves leave an empty f32 weight; rows stack in any storage; fp32 visitors refuse 16-bit weights") {
     linear_weight a = tensor<float>({2, 3}), b = tensor<float>({1, 3});
     for (std::int64_t i = 0; i < 6; ++i) a[i] = 0.1f * static_cast<float>(i + 1);
     for (std::int64_t i = 0; i < 3; ++i) b[i] = -0.3f * static_cast<float>(i + 1);
-    for (dtype d : {dtype::f32, dtype::bf16, dtype::f16}) {
+    for (dtype d : {dtype::f32, dtype::bf16, dtype::f16, dtype::i8}) {
         CAPTURE(weight_dtype_name(d));
         linear_weight x = a, y = b;
         x.store_as(d);

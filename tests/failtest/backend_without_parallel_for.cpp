@@ -26,7 +26,7 @@ struct serial_backend_missing_parallel_for {
     void copy_from_host(void* d, const void* s, std::size_t n) const { std::memcpy(d, s, n); }
     void synchronize() const {}
     template <class F>
-    void parallel_for_static(std::int64_t n, F&& f) const {
+    void parallel_for_static(std::int64_t n, F&& f, std::int64_t = 1) const {
         f(std::int64_t{0}, n);
     }
 #ifdef HYMIX_FAILTEST_CONTROL

@@ -178,3 +178,31 @@ TEST_CASE("head_entropy with a bf16 / f16 head: the f32 head's entropies on the 
         CHECK(a[0] > 0.0f);
     }
 }
+
+TEST_CASE("head_entropy with an i8 head (per-row scales): the dequantized head's entropies to fp32 rounding, both backends") {
+    const std::int64_t n = 9, d = 37, V = 301;
+    const auto hv = test::uniform(static_cast<std::size_t>(n * d), -2.f, 2.f, 33);
+    const auto ev = test::uniform(static_cast<std::size_t>(V * d), -1.f, 1.f, 34);
+    const tensor_view<const float, 2> h(hv.data(), {n, d});
+    linear_weight head = tensor<float>({V, d});
+    std::copy(ev.begin(), ev.end(), head.data());
+    const linear_weight f32 = head;
+    head.store_as(dtype::i8);
+    linear_weight deq = head;
+    deq.store_as(dtype::f32);
+    std::vector<float> a(static_cast<std::size_t>(n)), b(a.size()), r(a.size()), f(a.size());
+    head_entropy(cpu_backend(2), h, head, std::span<float>(a), entropy_form::stable, 64, 4);  // several vocabulary and row tiles
+    head_entropy(cpu_backend(1), h, deq.view<2>(), std::span<float>(b));
+    head_entropy(reference_backend{}, h, head, std::span<float>(r), entropy_form::plus_eps, 50, 3);
+    head_entropy(cpu_backend(1), h, f32.view<2>(), std::span<float>(f));
+    double diff = 0, qerr = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+        const auto k = static_cast<std::size_t>(i);
+        CHECK(std::abs(a[k] - b[k]) <= 1e-6f);
+        CHECK(std::abs(r[k] - b[k]) <= 1e-6f);
+        diff = std::max(diff, static_cast<double>(std::abs(a[k] - b[k])));
+        qerr = std::max(qerr, static_cast<double>(std::abs(a[k] - f[k])));
+    }
+    CHECK(qerr > diff);  // quantization moves the entropies more than the order of the sums does
+    CHECK(a[0] > 0.0f);
+}

@@ -232,6 +232,20 @@ TEST_CASE("embedding and the row ops: a 16-bit table is widened exactly; widths 
                 CHECK(xr.view<2>()(r, c) == want);
             }
     }
+    // An 8-bit table: each row is its scale times its integers (q8_view::at), on both backends.
+    linear_weight q8 = table;
+    q8.store_as(dtype::i8);
+    tensor<float> xq({n, d}), xqr({n, d});
+    ops::embedding(cpu, q8, tokens, mask, xq.view<2>());
+    ops::embedding(reference_backend(), q8, tokens, mask, xqr.view<2>());
+    for (std::int64_t r = 0; r < n; ++r)
+        for (std::int64_t c = 0; c < d; ++c) {
+            const float want = mask[static_cast<std::size_t>(r)] ? q8.q8().at(tokens[static_cast<std::size_t>(r)], c) : 0.0f;
+            CHECK(xq.view<2>()(r, c) == want);
+            CHECK(xqr.view<2>()(r, c) == want);
+            if (mask[static_cast<std::size_t>(r)])
+                CHECK(std::abs(want - vals[static_cast<std::size_t>(tokens[static_cast<std::size_t>(r)] * d + c)]) <= q8.q8().scale[tokens[static_cast<std::size_t>(r)]] * 0.5001f);
+        }
     std::vector<float> buf(static_cast<std::size_t>(2 * n * d));
     const tensor_view<float, 2> strided(buf.data(), {n, d}, {2 * d, 2});  // inner stride 2
     const tensor_view<float, 2> wide(buf.data(), {n, d + 1});

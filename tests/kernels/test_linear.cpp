@@ -430,3 +430,118 @@ TEST_CASE("ops::linear takes bf16 and f16 weights on the CPU and reference backe
     check(bf16{});
     check(f16{});
 }
+
+namespace {
+
+/// An 8-bit weight built through linear_weight (per-row absmax quantization) from uniform values with a few rows of
+/// very different magnitudes and one all-zero row, so every scale path is taken.
+linear_weight q8_weight(std::int64_t N, std::int64_t K, std::uint64_t seed) {
+    auto ws = test::uniform(static_cast<std::size_t>(N * K), -1.f, 1.f, seed);
+    for (std::int64_t n = 0; n < N; ++n)
+        for (std::int64_t k = 0; k < K; ++k) ws[static_cast<std::size_t>(n * K + k)] *= n % 3 == 1 ? 1e-3f : (n % 5 == 2 ? 40.f : 1.f);
+    if (N > 3)
+        for (std::int64_t k = 0; k < K; ++k) ws[static_cast<std::size_t>(3 * K + k)] = 0.f;
+    tensor<float> t({N, K});
+    std::copy(ws.begin(), ws.end(), t.data());
+    linear_weight w(std::move(t));
+    w.store_as(dtype::i8, "w");
+    return w;
+}
+
+template <class Backend>
+void check_q8_weights(const char* arch_name) {
+    CAPTURE(arch_name);
+    const std::int64_t Ms[] = {1, 2, 3, 5, 8, 13, 64, 131};
+    const std::int64_t NKs[][2] = {{1, 1}, {7, 15}, {37, 53}, {29, 128}, {50, 1100}, {24, 2061}};
+    std::uint64_t seed = 900;
+    for (int threads : {1, 2}) {
+        const Backend be(threads);
+        for (const auto& nk : NKs) {
+            const std::int64_t N = nk[0], K = nk[1];
+            const linear_weight w = q8_weight(N, K, seed += 5);
+            const q8_view q = w.q8();
+            const auto bs = test::uniform(static_cast<std::size_t>(N), -1.f, 1.f, seed + 1);
+            std::vector<float> alone;  // row 0 of x by itself: every batch must reproduce its bits
+            for (auto M : Ms) {
+                CAPTURE(threads);
+                CAPTURE(N);
+                CAPTURE(K);
+                CAPTURE(M);
+                auto xs = test::uniform(static_cast<std::size_t>(M * K), -1.f, 1.f, seed + 2 + static_cast<std::uint64_t>(M));
+                const auto x0 = test::uniform(static_cast<std::size_t>(K), -1.f, 1.f, seed + 3);
+                std::copy(x0.begin(), x0.end(), xs.begin() + (M - 1) * K);  // the same row, last in every batch
+                const tensor_view<const float, 2> x(xs.data(), {M, K});
+                std::vector<float> y(static_cast<std::size_t>(M * N), -7.f), yw(y.size(), -9.f);
+                kernels::linear(be, x, q, bs.data(), tensor_view<float, 2>(y.data(), {M, N}));
+                kernels::linear(be, x, w, bs.data(), tensor_view<float, 2>(yw.data(), {M, N}));
+                CHECK(y == yw);
+                std::vector<double> ref(y.size());
+                kernels::linear_q8_ref<float, double>(x, q, bs.data(), tensor_view<double, 2>(ref.data(), {M, N}));
+                CHECK(test::rel_error(y, ref) < 1e-5);
+                const std::vector<float> last(y.end() - N, y.end());
+                if (alone.empty()) alone = last;
+                std::int64_t mismatches = 0;
+                for (std::int64_t n = 0; n < N; ++n) mismatches += bits(last[static_cast<std::size_t>(n)]) != bits(alone[static_cast<std::size_t>(n)]);
+                CHECK(mismatches == 0);
+            }
+        }
+    }
+}
+
+}  // namespace
+
+TEST_CASE("linear with i8 weights (per-row scales) matches linear_q8_ref and is batch-invariant, at every SIMD width") {
+    check_q8_weights<cpu_backend>("native");
+    if constexpr (xsimd::avx2::supported())
+        check_q8_weights<basic_cpu_backend<xsimd::avx2>>("avx2");
+    else
+        MESSAGE("SKIPPED the AVX2 variant: this build has no AVX2");
+    if constexpr (xsimd::sse4_2::supported())
+        check_q8_weights<basic_cpu_backend<xsimd::sse4_2>>("sse4.2");
+    else
+        MESSAGE("SKIPPED the SSE4.2 variant: this build has no SSE4.2");
+}
+
+TEST_CASE("linear with i8 weights: the scale, then the bias, is applied once per output (the documented form)") {
+    // y = fp32(Σ x·q) · scale (+ b): with integer x and q every sum is exact, so without a bias the result is the one
+    // rounding of sum · scale, bit for bit (with a bias the compiler may fuse the multiply and the add: within 1e-6).
+    const std::int64_t M = 3, N = 5, K = 9;
+    linear_weight w(tensor<float>({N, K}));
+    for (std::int64_t i = 0; i < N * K; ++i) w.data()[i] = static_cast<float>((i * 37) % 255 - 127) / 127.f * (1.f + static_cast<float>(i / K));
+    w.store_as(dtype::i8, "w");
+    const q8_view q = w.q8();
+    std::vector<float> xs(static_cast<std::size_t>(M * K)), bs{0.5f, -1.f, 0.f, 3.f, 1e-3f}, y(static_cast<std::size_t>(M * N));
+    for (std::size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<float>(static_cast<int>(i % 7) - 3);
+    std::vector<float> yb(y.size());
+    kernels::linear(cpu_backend(1), tensor_view<const float, 2>(xs.data(), {M, K}), q, nullptr, tensor_view<float, 2>(y.data(), {M, N}));
+    kernels::linear(cpu_backend(1), tensor_view<const float, 2>(xs.data(), {M, K}), q, bs.data(), tensor_view<float, 2>(yb.data(), {M, N}));
+    for (std::int64_t m = 0; m < M; ++m)
+        for (std::int64_t n = 0; n < N; ++n) {
+            float s = 0;
+            for (std::int64_t k = 0; k < K; ++k) s += xs[static_cast<std::size_t>(m * K + k)] * static_cast<float>(q.q(n, k));
+            const std::size_t i = static_cast<std::size_t>(m * N + n);
+            const volatile float prod = s * q.scale[n];  // volatile: one rounding, never fused with the add below
+            CHECK(bits(y[i]) == bits(prod));
+            CHECK(std::abs(yb[i] - (prod + bs[static_cast<std::size_t>(n)])) <= 1e-6f * (std::abs(prod) + 1.f));
+        }
+}
+
+TEST_CASE("ops::linear takes i8 weights on the CPU and reference backends; shapes are checked, naming the weight") {
+    const std::int64_t M = 5, N = 19, K = 41;
+    const auto xs = test::uniform(static_cast<std::size_t>(M * K), -1.f, 1.f, 811);
+    const auto bs = test::uniform(static_cast<std::size_t>(N), -1.f, 1.f, 813);
+    const tensor_view<const float, 2> x(xs.data(), {M, K});
+    const linear_weight w = q8_weight(N, K, 812);
+    std::vector<float> cpu(static_cast<std::size_t>(M * N)), ref(cpu.size()), direct(cpu.size());
+    ops::linear(cpu_backend(2), x, w, bs.data(), tensor_view<float, 2>(cpu.data(), {M, N}));
+    ops::linear(reference_backend{}, x, w, bs.data(), tensor_view<float, 2>(ref.data(), {M, N}));
+    kernels::linear(cpu_backend(1), x, w.q8(), bs.data(), tensor_view<float, 2>(direct.data(), {M, N}));
+    CHECK(test::rel_error(cpu, std::vector<double>(ref.begin(), ref.end())) < 1e-5);
+    CHECK(cpu == direct);
+    std::vector<float> y(static_cast<std::size_t>(M * 3));
+    const linear_weight narrow = q8_weight(3, K + 1, 814);
+    CHECK_THROWS_WITH_AS(kernels::linear(cpu_backend(1), x, narrow.q8(), nullptr, tensor_view<float, 2>(y.data(), {M, 3})),
+                         doctest::Contains("weight"), shape_error);
+    CHECK_THROWS_WITH_AS(ops::linear(reference_backend{}, x, narrow, nullptr, tensor_view<float, 2>(y.data(), {M, 3})),
+                         doctest::Contains("weight"), shape_error);
+}

@@ -281,3 +281,45 @@ TEST_CASE("oryx LM: train_model on recall batches (train_setup::batches) lowers 
     auto m4 = train::random_oryx_lm(s, 5);
     CHECK_THROWS_WITH_AS(train::train_model(be, m4, corpus, o, bad, dir, false), doctest::Contains("4 x 48 was asked"), shape_error);
 }
+
+TEST_CASE("oryx LM: 16- and 8-bit projection weights give the rounded / dequantized f32 model's logits in both read-outs") {
+    const auto tok = bytes_of("And God said, Let there be light: and there was light.");
+    const auto T = static_cast<std::int64_t>(tok.size());
+    const std::int64_t V = 256;
+    const cpu_backend be(2);
+    for (const std::string stack : {"oryx-gdn", "oryx-mamba2"}) {
+        CAPTURE(stack);
+        const auto m = train::random_oryx_lm(spec(stack), 5);
+        for (dtype d : {dtype::bf16, dtype::i8}) {
+            CAPTURE(weight_dtype_name(d));
+            auto stored = m;
+            stored.store_weights_as(d);
+            CHECK(stored.weight_dtype() == d);
+            auto rounded = stored;
+            rounded.store_weights_as(dtype::f32);
+            for (const std::string sched : {"all_linear", "all_attention", "periodic:3:4"}) {
+                CAPTURE(sched);
+                const auto b = seq_batch::dense(1, T);
+                const auto modes = modes_for(dynamic_mode_schedule{parse_mode_schedule(sched)}, b, call_phase::prefill);
+                auto logits = [&](const auto& model) {
+                    auto c = model.make_cache(1);
+                    tensor<float> out({T, V});
+                    model.forward(be, c, b, tok, out.view<2>(), {}, std::span<const unsigned char>(modes));
+                    return std::vector<float>(out.data(), out.data() + out.numel());
+                };
+                const auto a = logits(stored), r = logits(rounded), f = logits(m);
+                double amax = 0, diff = 0, qerr = 0;
+                for (std::size_t i = 0; i < a.size(); ++i) {
+                    amax = std::max(amax, std::abs(double(r[i])));
+                    diff = std::max(diff, std::abs(double(a[i]) - r[i]));
+                    qerr = std::max(qerr, std::abs(double(f[i]) - r[i]));
+                }
+                if (d == dtype::bf16)
+                    CHECK(a == r);  // bit for bit: 16-bit weights are widened exactly
+                else
+                    CHECK(diff <= 1e-5 * amax);  // the dequantized model, summed in another order
+                CHECK(qerr > 0);
+            }
+        }
+    }
+}

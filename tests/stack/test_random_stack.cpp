@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -275,4 +276,45 @@ TEST_CASE("store_weights_as: bf16 and f16 projections give the rounded f32 model
                          value_error);
     CHECK(big.weights().embedding.storage() == dtype::f32);
     CHECK(prefill_and_decode(big, cpu_backend(1)) == before);
+}
+
+TEST_CASE("store_weights_as(i8): per-row 8-bit projections give the dequantized f32 model's logits to fp32 rounding, prefill and decode") {
+    const auto h = random_stack<hybrid>(sizes(false), {.n_layers = 3, .d_ff = 96}, {gdn_cfg(), attn_cfg()}, 31);
+    const auto r = random_stack<run_time>(sizes(false), {.kinds = {layer_kind::mamba2, layer_kind::attention}}, {mamba_cfg(), attn_cfg()}, 32);
+    const auto t = random_stack<mamba_pair>(sizes(true), {}, {mamba_cfg()}, 33);
+    auto check = [](const auto& m, const auto& be) {
+        using Stack = std::remove_cvref_t<decltype(m)>;
+        const Stack deq = rounded_to(m, dtype::i8);  // f32 weights holding scale · q
+        Stack q8 = m;
+        q8.store_weights_as(dtype::i8);
+        CHECK(q8.weight_dtype() == dtype::i8);
+        CHECK(q8.weights().embedding.stored_bytes() == static_cast<std::size_t>(V * D + V * 4));
+        CHECK(q8.weight_bytes() < m.weight_bytes() / 2);
+        const auto a = prefill_and_decode(deq, be), b = prefill_and_decode(q8, be), f = prefill_and_decode(m, be);
+        REQUIRE(a.size() == b.size());
+        double amax = 0, diff = 0, qerr = 0;
+        for (std::size_t i = 0; i < a.size(); ++i) {
+            amax = std::max(amax, std::abs(double(a[i])));
+            diff = std::max(diff, std::abs(double(a[i]) - b[i]));
+            qerr = std::max(qerr, std::abs(double(a[i]) - f[i]));
+        }
+        CHECK(diff <= 1e-5 * amax);  // the same model, summed in another order (scale once per output)
+        CHECK(qerr > 10 * diff);     // the quantization is real and larger than that rounding
+        // Batch invariance and thread independence hold as for f32 weights.
+        CHECK(prefill_and_decode(q8, cpu_backend(1)) == prefill_and_decode(q8, cpu_backend(2)));
+        // f32 again gives the dequantized model exactly.
+        q8.store_weights_as(dtype::f32);
+        CHECK(prefill_and_decode(q8, be) == a);
+    };
+    check(h, cpu_backend(2));
+    check(r, cpu_backend(2));
+    check(t, cpu_backend(1));
+    check(t, reference_backend{});
+
+    // A NaN in a weight cannot be quantized: named, and the model is left as it was (every weight checked first).
+    auto bad = h;
+    bad.weights_mut().lm_head.span()[7] = std::numeric_limits<float>::quiet_NaN();
+    CHECK_THROWS_WITH_AS(bad.store_weights_as(dtype::i8), doctest::Contains("lm_head: value nan at element 7 cannot be quantized to i8"),
+                         value_error);
+    CHECK(bad.weight_dtype() == dtype::f32);
 }

@@ -43,12 +43,14 @@ template <class B>
 concept host_backend = backend<B> && std::same_as<typename B::memory_space, host_space>;
 
 /// A CPU backend additionally names its xsimd architecture (the SIMD width its kernels are compiled for) and has
-/// `parallel_for_static(n, f)`: a partition of [0, n) with the same sub-range on the same thread at every call, for
-/// decode steps whose state should stay in the cache of the core that last updated it.
+/// `parallel_for_static(n, f, min_items)`: a partition of [0, n) with the same sub-range on the same thread at every
+/// call, each part at least min_items long (fewer threads, or inline, for little work), for decode steps whose state
+/// should stay in the cache of the core that last updated it.
 template <class B>
 concept cpu_backend_type = host_backend<B> && requires(const B& b, std::int64_t n, detail::range_fn f) {
     typename B::arch;
     b.parallel_for_static(n, f);
+    b.parallel_for_static(n, f, n);
 };
 
 }  // namespace hymix

@@ -58,20 +58,25 @@ public:
         });
     }
 
-    /// Calls f(begin, end) on contiguous sub-ranges of [0, n), about n / num_threads() each, with the same
-    /// sub-range on the same arena slot at every call (oneTBB static_partitioner): for decode steps, whose
-    /// recurrent state then stays in the cache of the core that updated it last time. Runs inline when there is
-    /// one thread or n < 2.
+    /// Calls f(begin, end) on contiguous sub-ranges of [0, n), one per taking part thread, with the same sub-range
+    /// on the same arena slot at every call (oneTBB static_partitioner): for decode steps, whose recurrent state then
+    /// stays in the cache of the core that updated it last time. Each part holds at least `min_items` items (≥ 1), so
+    /// p = min(num_threads(), n / min_items) threads take part and the call runs inline when p ≤ 1: a fork and join
+    /// costs a few microseconds, more than a small layer's whole decode step (callers size min_items from the work
+    /// per item; see kernels::ssd_step and gated_delta_rule_step). The partition depends on n, min_items and the
+    /// thread count only.
     template <class F>
-    void parallel_for_static(std::int64_t n, F&& f) const {
+    void parallel_for_static(std::int64_t n, F&& f, std::int64_t min_items = 1) const {
         if (n <= 0) return;
-        if (threads_ == 1 || n < 2) {
+        const std::int64_t parts = std::min<std::int64_t>(threads_, n / std::max<std::int64_t>(min_items, 1));
+        if (parts <= 1) {
             f(std::int64_t{0}, n);
             return;
         }
+        // A grain of n / parts items (rounded up) makes the static partitioner cut at most `parts` pieces.
         arena_->execute([&] {
-            tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n), [&](const tbb::blocked_range<std::int64_t>& r) { f(r.begin(), r.end()); },
-                              tbb::static_partitioner{});
+            tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, (n + parts - 1) / parts),
+                              [&](const tbb::blocked_range<std::int64_t>& r) { f(r.begin(), r.end()); }, tbb::static_partitioner{});
         });
     }
 

@@ -111,7 +111,7 @@ inline void convert(const float* src, f16* dst, std::size_t n) noexcept {
     for (; i < n; ++i) dst[i] = f16::from_float(src[i]);
 }
 
-/// Generic arithmetic conversion (f64, i32, i64 <-> f32, identity).
+/// Generic arithmetic conversion (f64, i32, i64, i8 <-> f32, identity).
 template <class S, class D>
     requires(std::is_arithmetic_v<S> && std::is_arithmetic_v<D>)
 inline void convert(const S* src, D* dst, std::size_t n) noexcept {
@@ -127,6 +127,7 @@ inline void convert_to_f32(dtype t, const void* src, float* dst, std::size_t n) 
         case dtype::f16: convert(static_cast<const f16*>(src), dst, n); return;
         case dtype::i32: convert(static_cast<const std::int32_t*>(src), dst, n); return;
         case dtype::i64: convert(static_cast<const std::int64_t*>(src), dst, n); return;
+        case dtype::i8: convert(static_cast<const std::int8_t*>(src), dst, n); return;
     }
 }
 

@@ -1,5 +1,6 @@
-// Element types hymix stores and computes in: f32, f64, bf16, f16, i32, i64.
-// bf16 / f16 are 16-bit storage types; arithmetic always happens in f32 (spec.md §0, dtype rules).
+// Element types hymix stores and computes in: f32, f64, bf16, f16, i32, i64, i8.
+// bf16 / f16 are 16-bit storage types and i8 the 8-bit one of quantized weights (with per-row scales, see
+// core/linear_weight.hpp); arithmetic always happens in f32 (spec.md §0, dtype rules).
 // Bulk conversions between bf16/f16 and f32 are vectorised with xsimd (see core/convert.hpp).
 #pragma once
 
@@ -15,7 +16,7 @@
 namespace hymix {
 
 /// Run-time element type tag. Names follow the safetensors dtype strings.
-enum class dtype : std::uint8_t { f32, f64, bf16, f16, i32, i64 };
+enum class dtype : std::uint8_t { f32, f64, bf16, f16, i32, i64, i8 };
 
 /// bfloat16: the upper 16 bits of an IEEE binary32. Conversion from f32 rounds to nearest even.
 struct bf16 {
@@ -75,6 +76,7 @@ constexpr std::size_t dtype_size(dtype t) noexcept {
         case dtype::f16: return 2;
         case dtype::i32: return 4;
         case dtype::i64: return 8;
+        case dtype::i8: return 1;
     }
     return 0;
 }
@@ -88,15 +90,16 @@ constexpr std::string_view dtype_name(dtype t) noexcept {
         case dtype::f16: return "F16";
         case dtype::i32: return "I32";
         case dtype::i64: return "I64";
+        case dtype::i8: return "I8";
     }
     return "?";
 }
 
 /// Parse a safetensors dtype string. Throws dtype_error for anything hymix does not support.
 inline dtype parse_dtype(std::string_view s) {
-    for (dtype t : {dtype::f32, dtype::f64, dtype::bf16, dtype::f16, dtype::i32, dtype::i64})
+    for (dtype t : {dtype::f32, dtype::f64, dtype::bf16, dtype::f16, dtype::i32, dtype::i64, dtype::i8})
         if (s == dtype_name(t)) return t;
-    throw dtype_error("unsupported dtype '" + std::string(s) + "' (expected one of F32, F64, BF16, F16, I32, I64)");
+    throw dtype_error("unsupported dtype '" + std::string(s) + "' (expected one of F32, F64, BF16, F16, I32, I64, I8)");
 }
 
 /// Compile-time mapping C++ type -> dtype tag.
@@ -107,6 +110,7 @@ template <> struct dtype_of<bf16> { static constexpr dtype value = dtype::bf16; 
 template <> struct dtype_of<f16> { static constexpr dtype value = dtype::f16; };
 template <> struct dtype_of<std::int32_t> { static constexpr dtype value = dtype::i32; };
 template <> struct dtype_of<std::int64_t> { static constexpr dtype value = dtype::i64; };
+template <> struct dtype_of<std::int8_t> { static constexpr dtype value = dtype::i8; };
 template <class T> inline constexpr dtype dtype_of_v = dtype_of<std::remove_const_t<T>>::value;
 
 }  // namespace hymix

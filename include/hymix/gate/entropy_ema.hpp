@@ -76,11 +76,39 @@ inline double unbiased_std(std::span<const float> v) {
 /// `vocab_tile` head rows with an online log-sum-exp: memory O(row_tile · vocab_tile). Rows whose logits are all
 /// −∞ or hold NaN give NaN (callers check). Throws shape_error on mismatched shapes. The head may be bf16 / f16 (TW,
 /// given explicitly; widened exactly in the projection), or a linear_weight (the overload below).
+namespace detail {
+/// Head rows [v0, v0 + n) as the projection reads them.
+template <class TW>
+tensor_view<const TW, 2> head_rows(tensor_view<const TW, 2> head, std::int64_t v0, std::int64_t n) {
+    return tensor_view<const TW, 2>(head.data + v0 * head.strides[0], {n, head.dim(1)}, {head.strides[0], head.strides[1]});
+}
+inline q8_view head_rows(q8_view head, std::int64_t v0, std::int64_t n) { return head.rows(v0, n); }
+inline void require_head_shape(q8_view head, std::int64_t V, std::int64_t d) { head.q.require_shape({V, d}, "head_entropy: head"); }
+template <class TW>
+void require_head_shape(tensor_view<const TW, 2> head, std::int64_t V, std::int64_t d) { head.require_shape({V, d}, "head_entropy: head"); }
+
+template <backend B, class Head>
+void head_entropy_impl(const B& be, tensor_view<const float, 2> h, Head head, std::span<float> H, entropy_form form,
+                       std::int64_t vocab_tile, std::int64_t row_tile);
+}  // namespace detail
+
 template <backend B, class TW = float>
 void head_entropy(const B& be, tensor_view<const float, 2> h, std::type_identity_t<tensor_view<const TW, 2>> head, std::span<float> H,
                   entropy_form form = entropy_form::stable, std::int64_t vocab_tile = 4096, std::int64_t row_tile = 64) {
+    detail::head_entropy_impl(be, h, head, H, form, vocab_tile, row_tile);
+}
+/// The same with an 8-bit head (q8_view, host backends).
+template <host_backend B>
+void head_entropy(const B& be, tensor_view<const float, 2> h, q8_view head, std::span<float> H, entropy_form form = entropy_form::stable,
+                  std::int64_t vocab_tile = 4096, std::int64_t row_tile = 64) {
+    detail::head_entropy_impl(be, h, head, H, form, vocab_tile, row_tile);
+}
+
+template <backend B, class Head>
+void detail::head_entropy_impl(const B& be, tensor_view<const float, 2> h, Head head, std::span<float> H, entropy_form form,
+                               std::int64_t vocab_tile, std::int64_t row_tile) {
     const std::int64_t n = h.dim(0), d = h.dim(1), V = head.dim(0);
-    head.require_shape({V, d}, "head_entropy: head");
+    require_head_shape(head, V, d);
     if (static_cast<std::int64_t>(H.size()) != n)
         throw shape_error("head_entropy: H has " + std::to_string(H.size()) + " entries for " + std::to_string(n) + " rows");
     if (V < 2) throw shape_error("head_entropy: a vocabulary of " + std::to_string(V) + " has no entropy to normalise");
@@ -97,8 +125,7 @@ void head_entropy(const B& be, tensor_view<const float, 2> h, std::type_identity
         for (std::int64_t v0 = 0; v0 < V; v0 += vt) {
             const std::int64_t vn = std::min(vt, V - v0);
             tensor_view<float, 2> lt(buf.data(), {rn, vn});
-            ops::linear(be, hb, tensor_view<const TW, 2>(head.data + v0 * head.strides[0], {vn, d}, {head.strides[0], head.strides[1]}),
-                        nullptr, lt);
+            ops::linear(be, hb, head_rows(head, v0, vn), nullptr, lt);
             for (std::int64_t r = 0; r < rn; ++r) {
                 const float* l = &lt(r, 0);
                 double m = mx[r];
@@ -123,8 +150,7 @@ void head_entropy(const B& be, tensor_view<const float, 2> h, std::type_identity
             for (std::int64_t v0 = 0; v0 < V; v0 += vt) {
                 const std::int64_t vn = std::min(vt, V - v0);
                 tensor_view<float, 2> lt(buf.data(), {rn, vn});
-                ops::linear(be, hb, tensor_view<const TW, 2>(head.data + v0 * head.strides[0], {vn, d}, {head.strides[0], head.strides[1]}),
-                            nullptr, lt);
+                ops::linear(be, hb, head_rows(head, v0, vn), nullptr, lt);
                 for (std::int64_t r = 0; r < rn; ++r) {
                     const double lse = mx[r] + std::log(se[r]);
                     for (std::int64_t j = 0; j < vn; ++j) {
@@ -138,11 +164,11 @@ void head_entropy(const B& be, tensor_view<const float, 2> h, std::type_identity
     }
 }
 
-/// head_entropy with the LM head as a model stores it (f32, bf16 or f16).
+/// head_entropy with the LM head as a model stores it (f32, bf16, f16 or i8).
 template <host_backend B, std::same_as<linear_weight> W>
 void head_entropy(const B& be, tensor_view<const float, 2> h, const W& head, std::span<float> H,
                   entropy_form form = entropy_form::stable, std::int64_t vocab_tile = 4096, std::int64_t row_tile = 64) {
-    head.template visit_stored<2>([&]<class T>(tensor_view<const T, 2> hv) { head_entropy<B, T>(be, h, hv, H, form, vocab_tile, row_tile); });
+    head.template visit_stored<2>([&](auto hv) { detail::head_entropy_impl(be, h, hv, H, form, vocab_tile, row_tile); });
 }
 
 /// The entropy-EMA gate of one AMOR block: fires iff H > τ (strict). Statistics `running_threshold` (m̄) and

@@ -3,11 +3,14 @@
 // width alone — never by M, the row's tile or the thread count — so a row's result is the same bits in any batch.
 // W may be stored in f32, bf16 or f16 (spec.md §0, dtype rules): 16-bit weights are widened to f32 in registers as
 // they are loaded (exactly: both widen without rounding) and every product and sum is fp32, so a 16-bit W gives the
-// same bits as the f32 kernel on W's widened values, while reading half the bytes (decode is bound by them).
+// same bits as the f32 kernel on W's widened values, while reading half the bytes (decode is bound by them). An 8-bit
+// W (q8_view: integers with one scale per row) runs the same tiles on the integers, widened exactly, and multiplies each
+// output by its row's scale once at the end: a quarter of the f32 bytes.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <utility>
 
@@ -157,13 +160,33 @@ inline xsimd::batch<float, Arch> mul_add(xsimd::batch<float, Arch> x, xsimd::bat
 
 /// One SIMD vector of W consecutive weights starting at p, widened to f32. f32: a plain load. bf16: the 16-bit
 /// patterns zero-extended to 32 bits and shifted into the upper half (bf16 is an f32's upper half). f16: the
-/// hardware's half-to-single conversion (F16C, AVX-512F, AArch64), else a scalar widening. All exact.
+/// hardware's half-to-single conversion (F16C, AVX-512F, AArch64), else a scalar widening. int8: sign-extended to 32
+/// bits and converted (SSE4.1, AVX2, AVX-512F), else a scalar widening. All exact.
 template <class Arch, class TW>
 inline xsimd::batch<float, Arch> load_weights(const TW* p) {
     using B = xsimd::batch<float, Arch>;
     [[maybe_unused]] constexpr std::size_t bytes = sizeof(typename B::register_type);
     if constexpr (std::is_same_v<TW, float>) {
         return B::load_unaligned(p);
+    } else if constexpr (std::is_same_v<TW, std::int8_t>) {
+#if defined(__AVX512F__)
+        if constexpr (std::is_base_of_v<xsimd::avx512f, Arch>)
+            return B(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))));
+#endif
+#if defined(__AVX2__)
+        if constexpr (bytes == 32)
+            return B(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))));
+#endif
+#if defined(__SSE4_1__)
+        if constexpr (bytes == 16) {
+            std::int32_t four;
+            std::memcpy(&four, p, sizeof four);
+            return B(_mm_cvtepi32_ps(_mm_cvtepi8_epi32(_mm_cvtsi32_si128(four))));
+        }
+#endif
+        alignas(64) float t[B::size];
+        for (std::size_t i = 0; i < B::size; ++i) t[i] = static_cast<float>(p[i]);
+        return B::load_aligned(t);
     } else {
 #if defined(__AVX512F__)
         if constexpr (std::is_base_of_v<xsimd::avx512f, Arch>) {
@@ -380,6 +403,51 @@ void linear_typed(const Backend& be, tensor_view<const float, 2> x, tensor_view<
     });
 }
 
+/// y[M, N] = scale[n] · (x[M, K] · q[N, K]ᵀ) (+ bias[N]) for an 8-bit weight (q8_view): the same register tiles as
+/// linear_typed on the integers (widened exactly to fp32, fp32 products and sums in the same order), then one multiply
+/// by the row's scale and the bias add per output. Checks and batch invariance as linear_typed (plus: the scales do
+/// not overlap y).
+template <cpu_backend_type Backend>
+void linear_q8(const Backend& be, tensor_view<const float, 2> x, q8_view w, const float* bias, tensor_view<float, 2> y) {
+    using Arch = typename Backend::arch;
+    const std::int64_t M = x.dim(0), K = x.dim(1), N = w.dim(0);
+    if (w.dim(1) != K) w.q.require_shape({N, K}, "linear: weight");
+    y.require_shape({M, N}, "linear: output");
+    hymix::detail::require_unit_stride(x, 1, "linear", "x", true);
+    hymix::detail::require_unit_stride(w.q, 1, "linear", "weight", true);
+    hymix::detail::require_unit_stride(y, 1, "linear", "output", true);
+    hymix::detail::require_no_self_overlap(y, "linear", "output");
+    hymix::detail::require_no_overlap(y, "output", x, "x", "linear");
+    if (N > 0) hymix::detail::require_no_overlap(y, "output", tensor_view<const float, 1>(w.scale, {N}), "weight scales", "linear");
+    if (bias) hymix::detail::require_no_overlap(y, "output", tensor_view<const float, 1>(bias, {N}), "bias", "linear");
+    if (M == 0 || N == 0) return;
+    constexpr std::int64_t G = detail::linear_tiles<Arch>::group;
+    const std::int64_t groups = (N + G - 1) / G;
+    const std::int64_t grain = std::max<std::int64_t>(1, groups / (4 * be.num_threads()));
+    be.parallel_for(groups, grain, [&](std::int64_t g0, std::int64_t g1) {
+        const std::int64_t n0 = g0 * G, n1 = std::min(N, g1 * G);
+        detail::linear_columns<Arch, std::int8_t>(x, w.q, nullptr, y, n0, n1);
+        for (std::int64_t m = 0; m < M; ++m) {
+            float* yr = &y(m, 0);
+            if (bias)
+                for (std::int64_t n = n0; n < n1; ++n) yr[n] = yr[n] * w.scale[n] + bias[n];
+            else
+                for (std::int64_t n = n0; n < n1; ++n) yr[n] *= w.scale[n];
+        }
+    });
+}
+
+/// Reference for an 8-bit weight: y = x · (scale ⊙ q)ᵀ + b in double precision, scale applied to each row sum.
+template <class TX, class TY>
+void linear_q8_ref(tensor_view<const TX, 2> x, q8_view w, const float* bias, tensor_view<TY, 2> y) {
+    for (std::int64_t m = 0; m < x.dim(0); ++m)
+        for (std::int64_t n = 0; n < w.dim(0); ++n) {
+            double acc = 0;
+            for (std::int64_t k = 0; k < x.dim(1); ++k) acc += static_cast<double>(x(m, k)) * static_cast<double>(w.q(n, k));
+            y(m, n) = static_cast<TY>(acc * static_cast<double>(w.scale[n]) + (bias ? static_cast<double>(bias[n]) : 0.0));
+        }
+}
+
 /// The three weight types as plain overloads (the weight's element type is not deduced), so that views of mutable
 /// data convert to the const views they take.
 template <cpu_backend_type Backend>
@@ -394,11 +462,15 @@ template <cpu_backend_type Backend>
 void linear(const Backend& be, tensor_view<const float, 2> x, tensor_view<const f16, 2> w, const float* bias, tensor_view<float, 2> y) {
     linear_typed<f16>(be, x, w, bias, y);
 }
-/// The same on a linear_weight, read as it is stored (f32, bf16 or f16).
+template <cpu_backend_type Backend>
+void linear(const Backend& be, tensor_view<const float, 2> x, q8_view w, const float* bias, tensor_view<float, 2> y) {
+    linear_q8(be, x, w, bias, y);
+}
+/// The same on a linear_weight, read as it is stored (f32, bf16, f16 or i8).
 /// (W is deduced so that a tensor<float> argument still picks the f32 overload without ambiguity.)
 template <cpu_backend_type Backend, std::same_as<linear_weight> W>
 void linear(const Backend& be, tensor_view<const float, 2> x, const W& w, const float* bias, tensor_view<float, 2> y) {
-    w.template visit_stored<2>([&]<class TW>(tensor_view<const TW, 2> wv) { linear_typed<TW>(be, x, wv, bias, y); });
+    w.template visit_stored<2>([&](auto wv) { linear(be, x, wv, bias, y); });
 }
 
 }  // namespace hymix::kernels

@@ -70,7 +70,8 @@ inline nonfinite_tensor scan_nonfinite(const safetensors::file& f, const safeten
         case dtype::bf16: detail::scan_ieee<std::uint16_t>(b, 0x7f80u, 0x007fu, 0x8000u, r); break;
         case dtype::f16: detail::scan_ieee<std::uint16_t>(b, 0x7c00u, 0x03ffu, 0x8000u, r); break;
         case dtype::i32:
-        case dtype::i64: break;
+        case dtype::i64:
+        case dtype::i8: break;
     }
     return r;
 }

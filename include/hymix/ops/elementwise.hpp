@@ -37,11 +37,12 @@ void embedding(const B& be, view_of<B, const float, 2> table, std::span<const st
                std::span<const unsigned char> mask, view_of<B, float, 2> x) {
     dispatch<embedding_op>(be, table, tokens, mask, x);
 }
-/// The same from a host linear_weight table, read as stored (16-bit rows are widened exactly).
+/// The same from a host linear_weight table, read as stored (16-bit rows are widened exactly; an 8-bit row is its
+/// scale times its integers, q8_view::at).
 template <host_backend B, std::same_as<linear_weight> W>
 void embedding(const B& be, const W& table, std::span<const std::int32_t> tokens, std::span<const unsigned char> mask,
                view_of<B, float, 2> x) {
-    table.template visit_stored<2>([&]<class T>(tensor_view<const T, 2> t) { dispatch<embedding_op>(be, t, tokens, mask, x); });
+    table.template visit_stored<2>([&](auto t) { dispatch<embedding_op>(be, t, tokens, mask, x); });
 }
 
 /// dst[i, :] = src[rows[i], :] (rows[i] < 0: zeros). src [n, d], dst [m, d], rows [m].
@@ -106,6 +107,17 @@ struct host_moves {
                 std::fill_n(&x(r, 0), d, 0.f);
         }
     }
+    static void embedding(q8_view table, std::span<const std::int32_t> tokens, std::span<const unsigned char> mask,
+                          tensor_view<float, 2> x, std::int64_t r0, std::int64_t r1) {
+        const std::int64_t d = x.dim(1);
+        for (std::int64_t r = r0; r < r1; ++r) {
+            const auto i = static_cast<std::size_t>(r);
+            if (mask[i])
+                for (std::int64_t k = 0; k < d; ++k) x(r, k) = table.at(tokens[i], k);
+            else
+                std::fill_n(&x(r, 0), d, 0.f);
+        }
+    }
     static void gather(tensor_view<const float, 2> src, std::span<const std::int64_t> rows, tensor_view<float, 2> dst,
                        std::int64_t r0, std::int64_t r1) {
         const std::int64_t d = dst.dim(1);
@@ -144,6 +156,9 @@ struct host_moves {
         check_unit_inner(table.strides[1], table.dim(1), "embedding", "table");
         check_unit_inner(x.strides[1], x.dim(1), "embedding", "x");
     }
+    static void check_embedding(q8_view table, std::size_t n_tokens, std::size_t n_mask, tensor_view<float, 2> x) {
+        check_embedding(table.q, n_tokens, n_mask, x);
+    }
     /// Row count and unit inner stride of a masked row op's output.
     static void check_masked(tensor_view<const float, 2> y, std::size_t n_mask, const char* who, const char* what, const char* mask_name) {
         check_rows(y.dim(0), n_mask, who, mask_name);
@@ -170,6 +185,11 @@ template <class Arch>
 struct op_impl<ops::embedding_op, basic_cpu_backend<Arch>> {
     template <class T>
     static void run(const basic_cpu_backend<Arch>& be, tensor_view<const T, 2> table, std::span<const std::int32_t> tokens,
+                    std::span<const unsigned char> mask, tensor_view<float, 2> x) {
+        detail::host_moves::check_embedding(table, tokens.size(), mask.size(), x);
+        be.parallel_for(x.dim(0), 256, [&](std::int64_t r0, std::int64_t r1) { detail::host_moves::embedding(table, tokens, mask, x, r0, r1); });
+    }
+    static void run(const basic_cpu_backend<Arch>& be, q8_view table, std::span<const std::int32_t> tokens,
                     std::span<const unsigned char> mask, tensor_view<float, 2> x) {
         detail::host_moves::check_embedding(table, tokens.size(), mask.size(), x);
         be.parallel_for(x.dim(0), 256, [&](std::int64_t r0, std::int64_t r1) { detail::host_moves::embedding(table, tokens, mask, x, r0, r1); });
@@ -257,6 +277,11 @@ struct op_impl<ops::embedding_op, reference_backend> {
     template <class T>
     static void run(const reference_backend&, tensor_view<const T, 2> table, std::span<const std::int32_t> tokens,
                     std::span<const unsigned char> mask, tensor_view<float, 2> x) {
+        detail::host_moves::check_embedding(table, tokens.size(), mask.size(), x);
+        detail::host_moves::embedding(table, tokens, mask, x, 0, x.dim(0));
+    }
+    static void run(const reference_backend&, q8_view table, std::span<const std::int32_t> tokens, std::span<const unsigned char> mask,
+                    tensor_view<float, 2> x) {
         detail::host_moves::check_embedding(table, tokens.size(), mask.size(), x);
         detail::host_moves::embedding(table, tokens, mask, x, 0, x.dim(0));
     }

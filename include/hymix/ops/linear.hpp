@@ -29,12 +29,18 @@ void linear(const B& be, view_of<B, const float, 2> x, view_of<B, const f16, 2> 
     dispatch<linear_op>(be, x, w, bias, y);
 }
 
-/// The same with a host linear_weight, read as it is stored (f32, bf16 or f16): the f32 overload's result on the
-/// stored values. Throws shape_error on mismatched shapes.
+/// An 8-bit weight with per-row scales (host memory): y = scale[n] · (x · qᵀ)[:, n] + bias[n] (see q8_view).
+template <host_backend B>
+void linear(const B& be, view_of<B, const float, 2> x, q8_view w, const float* bias, view_of<B, float, 2> y) {
+    dispatch<linear_op>(be, x, w, bias, y);
+}
+
+/// The same with a host linear_weight, read as it is stored (f32, bf16, f16 or i8): the f32 overload's result on the
+/// stored values (i8: the q8_view overload). Throws shape_error on mismatched shapes.
 /// (W is deduced so that a tensor<float> argument still picks the f32 overload without ambiguity.)
 template <host_backend B, std::same_as<linear_weight> W>
 void linear(const B& be, view_of<B, const float, 2> x, const W& w, const float* bias, view_of<B, float, 2> y) {
-    w.template visit_stored<2>([&]<class TW>(tensor_view<const TW, 2> wv) { dispatch<linear_op>(be, x, wv, bias, y); });
+    w.template visit_stored<2>([&](auto wv) { dispatch<linear_op>(be, x, wv, bias, y); });
 }
 
 }  // namespace ops
@@ -45,6 +51,10 @@ struct op_impl<ops::linear_op, basic_cpu_backend<Arch>> {
     static void run(const basic_cpu_backend<Arch>& be, tensor_view<const float, 2> x, tensor_view<const TW, 2> w,
                     const float* bias, tensor_view<float, 2> y) {
         kernels::linear_typed<TW>(be, x, w, bias, y);
+    }
+    static void run(const basic_cpu_backend<Arch>& be, tensor_view<const float, 2> x, q8_view w, const float* bias,
+                    tensor_view<float, 2> y) {
+        kernels::linear_q8(be, x, w, bias, y);
     }
 };
 
@@ -57,6 +67,12 @@ struct op_impl<ops::linear_op, reference_backend> {
         w.require_shape({N, K}, "linear: weight");
         y.require_shape({M, N}, "linear: output");
         kernels::linear_ref<float, TW, float, float>(x, w, bias, y);
+    }
+    static void run(const reference_backend&, tensor_view<const float, 2> x, q8_view w, const float* bias, tensor_view<float, 2> y) {
+        const std::int64_t M = x.dim(0), K = x.dim(1), N = w.dim(0);
+        w.q.require_shape({N, K}, "linear: weight");
+        y.require_shape({M, N}, "linear: output");
+        kernels::linear_q8_ref<float, float>(x, w, bias, y);
     }
 };
 

@@ -52,7 +52,8 @@ const hymix::tensor<T>& weight_pool16() {
     return pool;
 }
 
-/// The pool's first quarter as 8-bit integers: q = round(254 · w) for w in [−0.5, 0.5) (scale 1/254 for every row).
+/// The pool's values as 8-bit integers (a quarter of its bytes): q = round(254 · w) for w in [−0.5, 0.5) (scale 1/254
+/// for every row).
 const hymix::tensor<std::int8_t>& weight_pool8() {
     static const hymix::tensor<std::int8_t> pool = [] {
         hymix::tensor<std::int8_t> t{weight_pool().numel()};

@@ -1,7 +1,11 @@
 // The CPU backend: thread count, parallel_for covers [0, n) exactly once, single-thread inline path.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #include "hymix/backend/cpu.hpp"
@@ -27,4 +31,40 @@ TEST_CASE("backend reports its SIMD architecture") {
     CHECK(be.num_threads() >= 1);
     CHECK(cpu_backend::simd_width() >= 4);
     CHECK(std::string(cpu_backend::arch_name()).size() > 0);
+}
+
+TEST_CASE("parallel_for_static: every index once, parts of at least min_items, the same parts at every call") {
+    for (int threads : {1, 2, 3, 4, 16}) {
+        const hymix::cpu_backend be(threads);
+        for (std::int64_t n : {0, 1, 2, 5, 8, 24, 48, 1000}) {
+            for (std::int64_t min_items : {1, 3, 4, 100}) {
+                CAPTURE(threads);
+                CAPTURE(n);
+                CAPTURE(min_items);
+                auto run = [&] {
+                    std::vector<std::atomic<int>> hits(static_cast<std::size_t>(n));
+                    std::mutex m;
+                    std::vector<std::pair<std::int64_t, std::int64_t>> parts;
+                    be.parallel_for_static(n, [&](std::int64_t b, std::int64_t e) {
+                        for (std::int64_t i = b; i < e; ++i) hits[static_cast<std::size_t>(i)]++;
+                        const std::lock_guard<std::mutex> lock(m);
+                        parts.emplace_back(b, e);
+                    }, min_items);
+                    for (const auto& h : hits) CHECK(h.load() == 1);
+                    std::sort(parts.begin(), parts.end());
+                    return parts;
+                };
+                const auto parts = run();
+                const std::int64_t want = std::max<std::int64_t>(1, std::min<std::int64_t>(threads, n / min_items));
+                if (n > 0) {
+                    CHECK(static_cast<std::int64_t>(parts.size()) == want);
+                    if (parts.size() > 1)
+                        for (const auto& [b, e] : parts) CHECK(e - b >= min_items);
+                } else {
+                    CHECK(parts.empty());
+                }
+                CHECK(run() == parts);  // the same partition again
+            }
+        }
+    }
 }

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "hymix/core/convert.hpp"
+#include "hymix/core/finite.hpp"
 #include "hymix/core/linear_weight.hpp"
 #include "hymix/core/tensor.hpp"
 #include "support/random.hpp"
@@ -144,8 +145,9 @@ TEST_CASE("f16 conversion: normals, subnormals, overflow, round trip of every f1
 }
 
 TEST_CASE("dtype names round-trip and unknown names are rejected") {
-    for (dtype t : {dtype::f32, dtype::f64, dtype::bf16, dtype::f16, dtype::i32, dtype::i64})
+    for (dtype t : {dtype::f32, dtype::f64, dtype::bf16, dtype::f16, dtype::i32, dtype::i64, dtype::i8})
         CHECK(parse_dtype(dtype_name(t)) == t);
+    CHECK(dtype_size(dtype::i8) == 1);
     CHECK_THROWS_AS(parse_dtype("F8_E4M3"), dtype_error);
     CHECK(dtype_size(dtype::bf16) == 2);
     CHECK(dtype_of_v<const float> == dtype::f32);
@@ -262,12 +264,12 @@ TEST_CASE("linear_weight: i8 storage quantizes each row by its absmax (error at 
     CHECK(q.shape() == std::vector<std::int64_t>{N, K});
     CHECK(q.numel() == N * K);
     CHECK_THROWS_WITH_AS((void)q.data(), doctest::Contains("stored as i8"), value_error);
-    // A visitor of tensor views only meets a clear error; q8() gives the integers and scales.
+    // A visitor that takes a q8_view gets one; a visitor of tensor views only meets a clear error.
     CHECK_THROWS_WITH_AS(q.visit_stored<2>([](auto v) -> int {
-                             if constexpr (is_q8_view_v<decltype(v)>) throw std::logic_error("unreachable");
+                             if constexpr (is_q8_view_v<decltype(v)>) throw std::logic_error("got the q8_view");
                              else return static_cast<int>(v.dim(0));
                          }),
-                         "unreachable", std::logic_error);
+                         "got the q8_view", std::logic_error);
     CHECK_THROWS_WITH_AS(q.visit_stored<2>([]<class T>(tensor_view<const T, 2>) {}), doctest::Contains("stored as i8"), value_error);
     CHECK_THROWS_AS(((void)q.stored_view<bf16, 2>()), value_error);
     CHECK_THROWS_AS((void)w.q8(), value_error);
@@ -296,11 +298,31 @@ TEST_CASE("linear_weight: i8 storage quantizes each row by its absmax (error at 
     linear_weight b16 = q;
     b16.store_as(dtype::bf16);
     CHECK(b16.storage() == dtype::bf16);
+    b16.visit_stored<2>([&]<class T>(tensor_view<const T, 2> bv) {
+        for (std::int64_t i = 0; i < N * K; ++i) CHECK(static_cast<float>(bv(i / K, i % K)) == bf16::from_float(v.at(i / K, i % K)).to_float());
+    });
+    // From 16 bits to i8: the widened values are quantized (the same integers here: bf16 keeps each row's absmax).
+    linear_weight h16 = w;
+    h16.store_as(dtype::f16);
+    h16.store_as(dtype::i8);
+    CHECK(h16.storage() == dtype::i8);
+    for (std::int64_t i = 0; i < N * K; ++i) CHECK(std::abs(h16.q8().at(i / K, i % K) - orig[i]) <= 0.5f * h16.q8().scale[i / K] + 2e-3f * std::abs(orig[i]));
+    // i8 → f16 checks the range of the dequantized values.
+    linear_weight huge = tensor<float>({1, 2});
+    huge[0] = 1e6f;
+    huge.store_as(dtype::i8);
+    CHECK_THROWS_WITH_AS(huge.store_as(dtype::f16, "huge"), doctest::Contains("overflows f16"), value_error);
+    CHECK(huge.storage() == dtype::i8);
+    // A [0, K] weight keeps its width.
+    linear_weight empty_rows = tensor<float>({0, 5});
+    empty_rows.store_as(dtype::i8);
+    CHECK(empty_rows.q8().dim(0) == 0);
+    CHECK(empty_rows.q8().dim(1) == 5);
     // Non-finite values cannot be carried by a scale: named, and the weight is left as it was.
     linear_weight bad = w;
     bad[K + 3] = std::numeric_limits<float>::quiet_NaN();
     CHECK_THROWS_WITH_AS(bad.store_as(dtype::i8, "layers.1.mixer.in_proj.weight"),
-                         doctest::Contains("layers.1.mixer.in_proj.weight: value nan at element 40 cannot be quantized to i8"), value_error);
+                         doctest::Contains("layers.1.mixer.in_proj.weight: value nan at element 40 cannot be quantized to i8"), nonfinite_error);
     CHECK(bad.storage() == dtype::f32);
     CHECK(std::isnan(bad[K + 3]));
     // Rows of a rank-3 weight are its first dimension.

@@ -48,6 +48,7 @@ void exercise(const st::file& f) {
             case hymix::dtype::f16: touch_copy<hymix::f16>(f, t); break;
             case hymix::dtype::i32: touch_copy<std::int32_t>(f, t); break;
             case hymix::dtype::i64: touch_copy<std::int64_t>(f, t); break;
+            case hymix::dtype::i8: touch_copy<std::int8_t>(f, t); break;
         }
     }
 }

@@ -73,10 +73,15 @@ public:
             f(std::int64_t{0}, n);
             return;
         }
-        // A grain of n / parts items (rounded up) makes the static partitioner cut at most `parts` pieces.
+        // Parts are indices 0 … parts − 1 (part p = items [p·n/parts, (p+1)·n/parts), at least n / parts ≥ min_items
+        // long); the static partitioner deals them out to the arena's threads the same way at every call.
         arena_->execute([&] {
-            tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, (n + parts - 1) / parts),
-                              [&](const tbb::blocked_range<std::int64_t>& r) { f(r.begin(), r.end()); }, tbb::static_partitioner{});
+            tbb::parallel_for(
+                tbb::blocked_range<std::int64_t>(0, parts, 1),
+                [&](const tbb::blocked_range<std::int64_t>& r) {
+                    for (std::int64_t p = r.begin(); p < r.end(); ++p) f(p * n / parts, (p + 1) * n / parts);
+                },
+                tbb::static_partitioner{});
         });
     }
 

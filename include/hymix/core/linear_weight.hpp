@@ -21,6 +21,7 @@
 #include "hymix/core/convert.hpp"
 #include "hymix/core/dtype.hpp"
 #include "hymix/core/error.hpp"
+#include "hymix/core/finite.hpp"
 #include "hymix/core/tensor.hpp"
 
 namespace hymix {
@@ -128,8 +129,8 @@ public:
     /// buffer; values already representable (a bf16 checkpoint stored as bf16) are kept exactly. To i8: per-row
     /// symmetric absmax quantization (q8_view; rows are the first dimension), which rounds every value. Back to f32:
     /// widens (exactly from 16 bits; scale · q from i8). Throws value_error naming `name` where a finite value would
-    /// overflow f16 (|w| >= 65520, which rounds to infinity) or where a value to quantize to i8 is not finite (a
-    /// scale cannot carry it), and config_error for another dtype; the weight is unchanged when it throws. Otherwise
+    /// overflow f16 (|w| >= 65520, which rounds to infinity), nonfinite_error (a value_error) where a value to quantize
+    /// to i8 is not finite (a scale cannot carry it), and config_error for another dtype; the weight is unchanged when it throws. Otherwise
     /// non-finite values are kept as they are.
     void store_as(dtype d, std::string_view name = "weight") {
         if (d == storage_) return;
@@ -176,8 +177,8 @@ public:
             const tensor<float>& src = is_f32() ? f32_ : wide;
             for (std::int64_t i = 0; i < src.numel(); ++i)
                 if (!std::isfinite(src.data()[i]))
-                    throw value_error(std::string(name) + ": value " + std::to_string(src.data()[i]) + " at element " + std::to_string(i) +
-                                      " cannot be quantized to i8 (a per-row scale holds finite values only); store it as f32, bf16 or f16");
+                    throw nonfinite_error(std::string(name) + ": value " + std::to_string(src.data()[i]) + " at element " + std::to_string(i) +
+                                         " cannot be quantized to i8 (a per-row scale holds finite values only); store it as f32, bf16 or f16");
         }
         if (d == dtype::f16 && storage_ != dtype::f16 && rank() > 0) {
             if (is_f32()) {
@@ -266,7 +267,7 @@ public:
     q8_view q8() const {
         if (storage_ != dtype::i8)
             throw value_error(std::string("linear_weight: i8 view of a weight stored as ") + weight_dtype_name(storage_));
-        const std::int64_t rows = shape_.empty() ? 1 : shape_[0], cols = rows > 0 ? q8_.numel() / rows : 0;
+        const std::int64_t rows = shape_.empty() ? 1 : shape_[0], cols = row_width(shape_);
         return {tensor_view<const std::int8_t, 2>(q8_.data(), {rows, cols}), q8_scale_.data()};
     }
 
@@ -317,9 +318,15 @@ private:
         }
         return wide;
     }
+    // Elements per row (the first dimension's rows): the product of the other dimensions.
+    static std::int64_t row_width(const std::vector<std::int64_t>& s) {
+        std::int64_t w = 1;
+        for (std::size_t i = 1; i < s.size(); ++i) w *= s[i];
+        return w;
+    }
     // Per-row symmetric absmax quantization of finite values (check_storable has refused the others).
     static void quantize_rows(const tensor<float>& src, tensor<std::int8_t>& q, tensor<float>& scale) {
-        const std::int64_t rows = src.rank() == 0 ? 1 : src.dim(0), cols = rows > 0 ? src.numel() / rows : 0;
+        const std::int64_t rows = src.rank() == 0 ? 1 : src.dim(0), cols = row_width(src.shape());
         q = tensor<std::int8_t>(src.shape());
         scale = tensor<float>({rows});
         for (std::int64_t n = 0; n < rows; ++n) {

@@ -418,6 +418,7 @@ void linear_q8(const Backend& be, tensor_view<const float, 2> x, q8_view w, cons
     hymix::detail::require_unit_stride(y, 1, "linear", "output", true);
     hymix::detail::require_no_self_overlap(y, "linear", "output");
     hymix::detail::require_no_overlap(y, "output", x, "x", "linear");
+    hymix::detail::require_no_overlap(y, "output", w.q, "weight", "linear");
     if (N > 0) hymix::detail::require_no_overlap(y, "output", tensor_view<const float, 1>(w.scale, {N}), "weight scales", "linear");
     if (bias) hymix::detail::require_no_overlap(y, "output", tensor_view<const float, 1>(bias, {N}), "bias", "linear");
     if (M == 0 || N == 0) return;

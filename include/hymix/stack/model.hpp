@@ -202,16 +202,17 @@ public:
                 if constexpr (requires { blk.weights_changed(); }) blk.weights_changed();
             }, b);
     }
-    /// The LM head [V, d] (the embedding when tied), as stored (f32, or bf16 / f16 after store_weights_as).
+    /// The LM head [V, d] (the embedding when tied), as stored (f32, or bf16 / f16 / i8 after store_weights_as).
     const linear_weight& head() const noexcept { return cfg_.tie_embeddings ? w_.embedding : w_.lm_head; }
 
     /// Stores every projection weight (the mixers' linear_weight members, the MLPs, the embedding and LM head) as `d`:
     /// bf16 or f16 for inference (half the bytes a decode step reads; each projection gives the bits of the f32 model
     /// whose weights were rounded to `d`), i8 (a quarter of the bytes: per-row absmax quantization, see q8_view; its
-    /// effect on the shared checkpoints' bits/byte is in docs/quantization.md), or f32 again (widening). Norms, convolutions, gates' parameters and
-    /// states stay fp32. Training needs f32 (model_grad throws config_error otherwise). Throws value_error naming the
-    /// tensor where a value overflows f16, config_error for another dtype; every weight is checked before any is
-    /// converted, so a throw leaves the model as it was.
+    /// effect on the shared checkpoints' bits/byte is in docs/quantization.md), or f32 again (widening). Norms,
+    /// convolutions, gates' parameters and states stay fp32. Training needs f32 (model_grad throws config_error
+    /// otherwise). Throws value_error naming the tensor where a value overflows f16, nonfinite_error (a value_error)
+    /// naming it where a NaN or Inf is to be quantized to i8, config_error for another dtype; every weight is checked
+    /// before any is converted, so a throw leaves the model as it was.
     void store_weights_as(dtype d) {
         if (!is_weight_dtype(d))
             throw config_error(std::string("store_weights_as: weights can be stored as f32, bf16, f16 or i8, not ") + weight_dtype_name(d));

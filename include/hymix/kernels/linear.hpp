@@ -368,20 +368,14 @@ void linear_columns(tensor_view<const float, 2> x, tensor_view<const TW, 2> w, c
 
 }  // namespace detail
 
-/// y[M, N] = x[M, K] · w[N, K]ᵀ (+ bias[N]). x, bias and y fp32; w fp32, bf16 or f16 (widened exactly as loaded,
-/// fp32 products and sums: the result is the f32 kernel's on w's widened values, bit for bit). Inner strides must
-/// be 1; y must not overlap x, w or bias. Throws shape_error on a mismatch, naming the argument. Parallel over
-/// output columns on the backend's threads. Batch-invariant: y[m, :] depends only on x[m, :], w and bias, bit for
-/// bit, whatever M, the row's position and the thread count (see detail's summation order).
-template <class TW, cpu_backend_type Backend>
-    requires linear_weight_type<TW>
-void linear_typed(const Backend& be, tensor_view<const float, 2> x, tensor_view<const TW, 2> w, const float* bias,
-                  tensor_view<float, 2> y) {
-    using Arch = typename Backend::arch;
-    // Argument checks, in every build (shape_error naming the argument): shapes, the unit inner stride of x, w and y
-    // (row strides are free), y's rows not overlapping each other, x, w or the bias (the products write y while
-    // reading them). A few comparisons per call. Not checked: the values (a scan of w per decode step would cost as
-    // much as the product itself); a NaN or Inf propagates to the outputs it reaches.
+namespace detail {
+
+/// The argument checks of linear, in every build (shape_error naming the argument): shapes, the unit inner stride of
+/// x, w and y (row strides are free), y's rows not overlapping each other, x, w or the bias (the products write y
+/// while reading them). A few comparisons per call. Not checked: the values (a scan of w per decode step would cost
+/// as much as the product itself); a NaN or Inf propagates to the outputs it reaches.
+template <class TW>
+void check_linear_args(tensor_view<const float, 2> x, tensor_view<const TW, 2> w, const float* bias, tensor_view<float, 2> y) {
     const std::int64_t M = x.dim(0), K = x.dim(1), N = w.dim(0);
     if (w.dim(1) != K) w.require_shape({N, K}, "linear: weight");
     y.require_shape({M, N}, "linear: output");
@@ -392,14 +386,35 @@ void linear_typed(const Backend& be, tensor_view<const float, 2> x, tensor_view<
     hymix::detail::require_no_overlap(y, "output", x, "x", "linear");
     hymix::detail::require_no_overlap(y, "output", w, "weight", "linear");
     if (bias) hymix::detail::require_no_overlap(y, "output", tensor_view<const float, 1>(bias, {N}), "bias", "linear");
-    if (M == 0 || N == 0) return;
-    // Tasks are whole groups of weight tiles; about 4 per thread (decode: enough to balance; prefill: big enough
-    // to reuse each block of x).
-    constexpr std::int64_t G = detail::linear_tiles<Arch>::group;
+}
+
+/// f(n0, n1) over output columns [0, N) in tasks of whole groups of weight tiles, about 4 per thread (decode: enough
+/// to balance; prefill: big enough to reuse each block of x).
+template <class Arch, class Backend, class F>
+void for_column_groups(const Backend& be, std::int64_t N, F&& f) {
+    constexpr std::int64_t G = linear_tiles<Arch>::group;
     const std::int64_t groups = (N + G - 1) / G;
     const std::int64_t grain = std::max<std::int64_t>(1, groups / (4 * be.num_threads()));
-    be.parallel_for(groups, grain, [&](std::int64_t g0, std::int64_t g1) {
-        detail::linear_columns<Arch, TW>(x, w, bias, y, g0 * G, std::min(N, g1 * G));
+    be.parallel_for(groups, grain, [&](std::int64_t g0, std::int64_t g1) { f(g0 * G, std::min(N, g1 * G)); });
+}
+
+}  // namespace detail
+
+/// y[M, N] = x[M, K] · w[N, K]ᵀ (+ bias[N]). x, bias and y fp32; w fp32, bf16 or f16 (widened exactly as loaded,
+/// fp32 products and sums: the result is the f32 kernel's on w's widened values, bit for bit). Inner strides must
+/// be 1; y must not overlap x, w or bias. Throws shape_error on a mismatch, naming the argument (detail::
+/// check_linear_args). Parallel over output columns on the backend's threads. Batch-invariant: y[m, :] depends only
+/// on x[m, :], w and bias, bit for bit, whatever M, the row's position and the thread count (see detail's summation
+/// order).
+template <class TW, cpu_backend_type Backend>
+    requires linear_weight_type<TW>
+void linear_typed(const Backend& be, tensor_view<const float, 2> x, tensor_view<const TW, 2> w, const float* bias,
+                  tensor_view<float, 2> y) {
+    using Arch = typename Backend::arch;
+    detail::check_linear_args(x, w, bias, y);
+    if (x.dim(0) == 0 || w.dim(0) == 0) return;
+    detail::for_column_groups<Arch>(be, w.dim(0), [&](std::int64_t n0, std::int64_t n1) {
+        detail::linear_columns<Arch, TW>(x, w, bias, y, n0, n1);
     });
 }
 
@@ -410,23 +425,11 @@ void linear_typed(const Backend& be, tensor_view<const float, 2> x, tensor_view<
 template <cpu_backend_type Backend>
 void linear_q8(const Backend& be, tensor_view<const float, 2> x, q8_view w, const float* bias, tensor_view<float, 2> y) {
     using Arch = typename Backend::arch;
-    const std::int64_t M = x.dim(0), K = x.dim(1), N = w.dim(0);
-    if (w.dim(1) != K) w.q.require_shape({N, K}, "linear: weight");
-    y.require_shape({M, N}, "linear: output");
-    hymix::detail::require_unit_stride(x, 1, "linear", "x", true);
-    hymix::detail::require_unit_stride(w.q, 1, "linear", "weight", true);
-    hymix::detail::require_unit_stride(y, 1, "linear", "output", true);
-    hymix::detail::require_no_self_overlap(y, "linear", "output");
-    hymix::detail::require_no_overlap(y, "output", x, "x", "linear");
-    hymix::detail::require_no_overlap(y, "output", w.q, "weight", "linear");
+    const std::int64_t M = x.dim(0), N = w.dim(0);
+    detail::check_linear_args(x, w.q, bias, y);
     if (N > 0) hymix::detail::require_no_overlap(y, "output", tensor_view<const float, 1>(w.scale, {N}), "weight scales", "linear");
-    if (bias) hymix::detail::require_no_overlap(y, "output", tensor_view<const float, 1>(bias, {N}), "bias", "linear");
     if (M == 0 || N == 0) return;
-    constexpr std::int64_t G = detail::linear_tiles<Arch>::group;
-    const std::int64_t groups = (N + G - 1) / G;
-    const std::int64_t grain = std::max<std::int64_t>(1, groups / (4 * be.num_threads()));
-    be.parallel_for(groups, grain, [&](std::int64_t g0, std::int64_t g1) {
-        const std::int64_t n0 = g0 * G, n1 = std::min(N, g1 * G);
+    detail::for_column_groups<Arch>(be, N, [&](std::int64_t n0, std::int64_t n1) {
         detail::linear_columns<Arch, std::int8_t>(x, w.q, nullptr, y, n0, n1);
         for (std::int64_t m = 0; m < M; ++m) {
             float* yr = &y(m, 0);

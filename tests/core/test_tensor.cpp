@@ -226,7 +226,7 @@ TEST_CASE("linear_weight: f32 by default, bf16 / f16 storage rounds to nearest e
     big[1] = 70000.0f;
     big.store_as(dtype::bf16, "layers.0.mixer.out_proj.weight");
     CHECK_THROWS_WITH_AS(big.store_as(dtype::f16, "layers.0.mixer.out_proj.weight"),
-                         doctest::Contains("layers.0.mixer.out_proj.weight: value 70144.000000 at element 1 overflows f16"), value_error);
+                         doctest::Contains("layers.0.mixer.out_proj.weight: value 70144.000000 at [0, 1] overflows f16"), value_error);
     CHECK(big.storage() == dtype::bf16);
     CHECK_THROWS_AS(big.check_storable(dtype::f16), value_error);
     CHECK_THROWS_AS(big.store_as(dtype::i32), config_error);
@@ -241,7 +241,7 @@ TEST_CASE("linear_weight: f32 by default, bf16 / f16 storage rounds to nearest e
     });
     linear_weight over = tensor<float>({1, 1});
     over[0] = -65520.0f;
-    CHECK_THROWS_WITH_AS(over.store_as(dtype::f16, "over"), doctest::Contains("over: value -65520.000000 at element 0 overflows f16"),
+    CHECK_THROWS_WITH_AS(over.store_as(dtype::f16, "over"), doctest::Contains("over: value -65520.000000 at [0, 0] overflows f16"),
                          value_error);
     CHECK(parse_weight_dtype("bfloat16") == dtype::bf16);
     CHECK(parse_weight_dtype("fp16") == dtype::f16);
@@ -322,7 +322,7 @@ TEST_CASE("linear_weight: i8 storage quantizes each row by its absmax (error at 
     linear_weight bad = w;
     bad[K + 3] = std::numeric_limits<float>::quiet_NaN();
     CHECK_THROWS_WITH_AS(bad.store_as(dtype::i8, "layers.1.mixer.in_proj.weight"),
-                         doctest::Contains("layers.1.mixer.in_proj.weight: value nan at element 40 cannot be quantized to i8"), nonfinite_error);
+                         doctest::Contains("layers.1.mixer.in_proj.weight: value nan at [1, 3] cannot be quantized to i8"), nonfinite_error);
     CHECK(bad.storage() == dtype::f32);
     CHECK(std::isnan(bad[K + 3]));
     // Rows of a rank-3 weight are its first dimension.

@@ -272,7 +272,7 @@ TEST_CASE("store_weights_as: bf16 and f16 projections give the rounded f32 model
     auto big = t;
     big.weights_mut().embedding.span()[5] = 1.0e5f;
     const auto before = prefill_and_decode(big, cpu_backend(1));
-    CHECK_THROWS_WITH_AS(big.store_weights_as(dtype::f16), doctest::Contains("embedding: value 100000.000000 at element 5 overflows f16"),
+    CHECK_THROWS_WITH_AS(big.store_weights_as(dtype::f16), doctest::Contains("embedding: value 100000.000000 at [0, 5] overflows f16"),
                          value_error);
     CHECK(big.weights().embedding.storage() == dtype::f32);
     CHECK(prefill_and_decode(big, cpu_backend(1)) == before);
@@ -314,7 +314,7 @@ TEST_CASE("store_weights_as(i8): per-row 8-bit projections give the dequantized 
     // A NaN in a weight cannot be quantized: named, and the model is left as it was (every weight checked first).
     auto bad = h;
     bad.weights_mut().lm_head.span()[7] = std::numeric_limits<float>::quiet_NaN();
-    CHECK_THROWS_WITH_AS(bad.store_weights_as(dtype::i8), doctest::Contains("lm_head: value nan at element 7 cannot be quantized to i8"),
+    CHECK_THROWS_WITH_AS(bad.store_weights_as(dtype::i8), doctest::Contains("lm_head: value nan at [0, 7] cannot be quantized to i8"),
                          value_error);
     CHECK(bad.weight_dtype() == dtype::f32);
 }

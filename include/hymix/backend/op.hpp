@@ -38,6 +38,17 @@ constexpr bool implements_op_v() {
 template <class Op, class Backend>
 inline constexpr bool implements_op = detail::implements_op_v<Op, Backend>();
 
+/// True when `Backend`'s op_impl<Op, Backend>::run takes these arguments. A backend may implement an op for some
+/// argument types only (f32 weights, say, but not 8-bit ones): callers that pick among storages at run time
+/// (linear_weight::visit_stored) ask this and report a storage the backend cannot run as value_error.
+template <class Op, class Backend, class... Args>
+concept runs_op = requires(const Backend& be, Args&&... args) { op_impl<Op, Backend>::run(be, std::forward<Args>(args)...); };
+
+/// Whether a visitor of stored weights dispatches `Op` with these arguments: yes where the backend runs them, and also
+/// where it lacks the op altogether (dispatch then fails to compile with its message naming op and backend).
+template <class Op, class Backend, class... Args>
+concept dispatchable_op = !implements_op<Op, Backend> || runs_op<Op, Backend, Args...>;
+
 /// Runs op `Op` on backend `be`. Fails to compile, naming the op and the backend, when the backend lacks it.
 template <class Op, backend Backend, class... Args>
 decltype(auto) dispatch(const Backend& be, Args&&... args) {

@@ -177,8 +177,8 @@ public:
             const tensor<float>& src = is_f32() ? f32_ : wide;
             for (std::int64_t i = 0; i < src.numel(); ++i)
                 if (!std::isfinite(src.data()[i]))
-                    throw nonfinite_error(std::string(name) + ": value " + std::to_string(src.data()[i]) + " at element " + std::to_string(i) +
-                                         " cannot be quantized to i8 (a per-row scale holds finite values only); store it as f32, bf16 or f16");
+                    throw nonfinite_error(std::string(name) + ": value " + std::to_string(src.data()[i]) + " at " + position(i) +
+                                          " cannot be quantized to i8 (a per-row scale holds finite values only); store it as f32, bf16 or f16");
         }
         if (d == dtype::f16 && storage_ != dtype::f16 && rank() > 0) {
             if (is_f32()) {
@@ -272,27 +272,47 @@ public:
     }
 
     /// Calls f(tensor_view<const T, R>) with the stored values, T = float, bf16 or f16, or f(q8_view) for i8 (R = 2).
-    /// A visitor that takes tensor views only (or R != 2) meets an i8 weight with value_error naming the storage.
+    /// A storage the visitor cannot take (an i8 weight met by a visitor of tensor views only, or R != 2; a backend
+    /// whose op runs some storages only, see runs_op) throws value_error naming the storage.
     template <std::size_t R, class F>
     decltype(auto) visit_stored(F&& f) const {
         switch (storage_) {
-            case dtype::bf16: return f(stored_view<bf16, R>());
-            case dtype::f16: return f(stored_view<f16, R>());
+            case dtype::bf16:
+                if constexpr (std::is_invocable_v<F&, tensor_view<const bf16, R>>) return f(stored_view<bf16, R>());
+                else throw unvisitable("bf16");
+            case dtype::f16:
+                if constexpr (std::is_invocable_v<F&, tensor_view<const f16, R>>) return f(stored_view<f16, R>());
+                else throw unvisitable("f16");
             case dtype::i8:
                 if constexpr (R == 2 && std::is_invocable_v<F&, q8_view>) return f(q8());
-                else throw value_error("linear_weight: a weight stored as i8 (per-row scales) is read here as a " + std::to_string(R) +
-                                       "-d tensor view, which it has none of; store it as f32, bf16 or f16 for this use");
-            default: return f(stored_view<float, R>());
+                else throw unvisitable("i8 (per-row scales)");
+            default:
+                if constexpr (std::is_invocable_v<F&, tensor_view<const float, R>>) return f(stored_view<float, R>());
+                else throw unvisitable("f32");
         }
     }
 
 private:
+    value_error unvisitable(std::string_view storage) const {
+        return value_error("linear_weight: a weight of shape " + shape_string(shape_) + " stored as " + std::string(storage) +
+                           " is read here by code (or a backend's op) that does not take that storage; store it as another dtype");
+    }
     // f16's largest finite value is 65504; round-to-nearest-even sends |w| < 65520 there and |w| >= 65520 to infinity.
-    static void require_f16_range(const float* p, std::size_t n, std::string_view name) {
+    void require_f16_range(const float* p, std::size_t n, std::string_view name) const {
         for (std::size_t i = 0; i < n; ++i)
             if (std::isfinite(p[i]) && std::abs(p[i]) >= 65520.0f)
-                throw value_error(std::string(name) + ": value " + std::to_string(p[i]) + " at element " + std::to_string(i) +
+                throw value_error(std::string(name) + ": value " + std::to_string(p[i]) + " at " + position(static_cast<std::int64_t>(i)) +
                                   " overflows f16 (|w| < 65520 rounds to at most 65504); store it as bf16 or f32");
+    }
+    // "[row, column]" of the i-th stored value (rows are the first dimension, as for the i8 scales).
+    std::string position(std::int64_t i) const {
+        const std::int64_t w = std::max<std::int64_t>(row_width(shape()), 1);
+        std::string s = "[";  // appended piece by piece (GCC 12 warns falsely on "[" + std::to_string(...))
+        s += std::to_string(i / w);
+        s += ", ";
+        s += std::to_string(i % w);
+        s += ']';
+        return s;
     }
     void require_f32() const {
         if (!is_f32())

@@ -168,7 +168,9 @@ void detail::head_entropy_impl(const B& be, tensor_view<const float, 2> h, Head 
 template <host_backend B, std::same_as<linear_weight> W>
 void head_entropy(const B& be, tensor_view<const float, 2> h, const W& head, std::span<float> H,
                   entropy_form form = entropy_form::stable, std::int64_t vocab_tile = 4096, std::int64_t row_tile = 64) {
-    head.template visit_stored<2>([&](auto hv) { detail::head_entropy_impl(be, h, hv, H, form, vocab_tile, row_tile); });
+    head.template visit_stored<2>([&]<class V>(V hv)
+        requires dispatchable_op<ops::linear_op, B, tensor_view<const float, 2>, V, const float*, tensor_view<float, 2>>
+    { detail::head_entropy_impl(be, h, hv, H, form, vocab_tile, row_tile); });
 }
 
 /// The entropy-EMA gate of one AMOR block: fires iff H > τ (strict). Statistics `running_threshold` (m̄) and

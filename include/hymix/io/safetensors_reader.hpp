@@ -359,7 +359,7 @@ public:
         }
     }
 
-    /// Copy converted to fp32 from any stored dtype (f32, f64, bf16, f16, i32, i64).
+    /// Copy converted to fp32 from any stored dtype (f32, f64, bf16, f16, i32, i64, i8).
     tensor<float> to_f32(std::string_view name) const {
         const auto& t = info(name);
         tensor<float> out(t.shape);

@@ -17,6 +17,7 @@
 #include <xsimd/xsimd.hpp>
 
 #include "hymix/backend/concepts.hpp"
+#include "hymix/backend/grain.hpp"
 #include "hymix/core/error.hpp"
 #include "hymix/core/math.hpp"
 #include "hymix/core/seq_batch.hpp"
@@ -876,7 +877,7 @@ void gated_delta_rule_step(const Backend& be, const seq_batch& batch,
     // At least 48 KiB of state per thread (about 1.7 µs of work, as long as a fork and join of warm threads; measured
     // with bench_gated_deltanet BM_gdn_step_core: a 2-head step of 128 × 128 heads took 4.4 µs inline and 3.4 µs split
     // over 2 threads); a head's state is d_k · d_v floats (64 × 64 heads: 3 per thread, 128 × 128: 1).
-    const std::int64_t min_items = std::max<std::int64_t>(1, (std::int64_t{48} << 10) / std::max<std::int64_t>(4 * dk * dv, 1));
+    const std::int64_t min_items = items_per_task(4 * dk * dv, std::int64_t{48} << 10);
     detail::for_each_seq_head(be, batch, Hv, [&](std::int64_t b, std::int64_t e, auto item) {
         std::vector<float> scratch(static_cast<std::size_t>(2 * dv + dk));
         for (std::int64_t i = b; i < e; ++i) {

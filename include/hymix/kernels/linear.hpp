@@ -22,6 +22,7 @@
 #endif
 
 #include "hymix/backend/concepts.hpp"
+#include "hymix/backend/grain.hpp"
 #include "hymix/core/check.hpp"
 #include "hymix/core/dtype.hpp"
 #include "hymix/core/linear_weight.hpp"
@@ -389,12 +390,14 @@ void check_linear_args(tensor_view<const float, 2> x, tensor_view<const TW, 2> w
 }
 
 /// f(n0, n1) over output columns [0, N) in tasks of whole groups of weight tiles, about 4 per thread (decode: enough
-/// to balance; prefill: big enough to reuse each block of x).
+/// to balance; prefill: big enough to reuse each block of x), each of at least min_task_macs multiply-adds (M · K per
+/// column): a small projection runs inline rather than paying a fork and join for a few microseconds of work. The
+/// split does not change any output's bits (each column's sum is the same whichever task computes it).
 template <class Arch, class Backend, class F>
-void for_column_groups(const Backend& be, std::int64_t N, F&& f) {
+void for_column_groups(const Backend& be, std::int64_t M, std::int64_t K, std::int64_t N, F&& f) {
     constexpr std::int64_t G = linear_tiles<Arch>::group;
     const std::int64_t groups = (N + G - 1) / G;
-    const std::int64_t grain = std::max<std::int64_t>(1, groups / (4 * be.num_threads()));
+    const std::int64_t grain = std::max({std::int64_t{1}, groups / (4 * be.num_threads()), items_per_task(M * K * G, min_task_macs)});
     be.parallel_for(groups, grain, [&](std::int64_t g0, std::int64_t g1) { f(g0 * G, std::min(N, g1 * G)); });
 }
 
@@ -413,7 +416,7 @@ void linear_typed(const Backend& be, tensor_view<const float, 2> x, tensor_view<
     using Arch = typename Backend::arch;
     detail::check_linear_args(x, w, bias, y);
     if (x.dim(0) == 0 || w.dim(0) == 0) return;
-    detail::for_column_groups<Arch>(be, w.dim(0), [&](std::int64_t n0, std::int64_t n1) {
+    detail::for_column_groups<Arch>(be, x.dim(0), x.dim(1), w.dim(0), [&](std::int64_t n0, std::int64_t n1) {
         detail::linear_columns<Arch, TW>(x, w, bias, y, n0, n1);
     });
 }
@@ -429,7 +432,7 @@ void linear_q8(const Backend& be, tensor_view<const float, 2> x, q8_view w, cons
     detail::check_linear_args(x, w.q, bias, y);
     if (N > 0) hymix::detail::require_no_overlap(y, "output", tensor_view<const float, 1>(w.scale, {N}), "weight scales", "linear");
     if (M == 0 || N == 0) return;
-    detail::for_column_groups<Arch>(be, N, [&](std::int64_t n0, std::int64_t n1) {
+    detail::for_column_groups<Arch>(be, M, x.dim(1), N, [&](std::int64_t n0, std::int64_t n1) {
         detail::linear_columns<Arch, std::int8_t>(x, w.q, nullptr, y, n0, n1);
         for (std::int64_t m = 0; m < M; ++m) {
             float* yr = &y(m, 0);

@@ -19,6 +19,7 @@
 #include <xsimd/xsimd.hpp>
 
 #include "hymix/backend/concepts.hpp"
+#include "hymix/backend/grain.hpp"
 #include "hymix/core/error.hpp"
 #include "hymix/core/tensor.hpp"
 #include "hymix/kernels/chunk_layout.hpp"
@@ -806,7 +807,7 @@ void ssd_step(const Backend& be, const ssd_inputs<float>& in, std::span<const ss
     // with bench_mamba2 BM_ssd_step_core: a 4-head step of 64 × 128 heads took 1.7 µs inline and 2.1 µs split over 2
     // threads, a 24-head one 10–13 µs inline and 6–8 µs split); a head's state is P · N floats.
     const std::int64_t head_bytes = 4 * in.head_dim() * in.d_state();
-    const std::int64_t min_items = std::max<std::int64_t>(1, (std::int64_t{128} << 10) / std::max<std::int64_t>(head_bytes, 1));
+    const std::int64_t min_items = items_per_task(head_bytes, std::int64_t{128} << 10);
     be.parallel_for_static(n_seq * H, [&](std::int64_t i0, std::int64_t i1) {
         std::vector<float> local;
         for (std::int64_t i = i0; i < i1; ++i)

@@ -175,7 +175,7 @@ S make_amor(Backbone bb, amor_config c, std::uint64_t seed) {
 
 /// Writes the AMOR part of `m` (its layers from `first_amor_layer` on, norm_f, final_norm) to `path` with the spec.md §5.8
 /// names, the gate buffers and `c` as the `config` metadata entry; atomically. Throws io_error, and config_error (writing
-/// nothing) where a block's projections are stored as bf16 / f16.
+/// nothing) where a block's projections are stored as bf16, f16 or i8.
 template <class S>
 void save_amor(S& m, std::int64_t first_amor_layer, amor_config c, const std::filesystem::path& path) {
     c.d_model = m.config().d_model;

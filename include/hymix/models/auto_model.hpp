@@ -216,10 +216,10 @@ public:
     /// kept exactly by bf16). Throws value_error naming the tensor where a value overflows f16 (nothing is converted
     /// then), config_error for another dtype.
     void store_weights_as(dtype d) { impl_->store_weights_as(d); }
-    /// The projection weights' storage type (f32 unless some are kept in 16 bits; model::weight_dtype).
+    /// The projection weights' storage type (f32 unless some are kept as bf16, f16 or i8; model::weight_dtype).
     dtype weight_dtype() const { return impl_->weight_dtype(); }
     /// Bytes the weights occupy in memory (model::weight_bytes): every parameter as stored (16-bit projections 2 bytes
-    /// per value) plus the MLPs' fused gate|up copy.
+    /// per value, i8 ones 1 byte plus a 4-byte scale per row) plus the MLPs' fused gate|up copy.
     std::size_t weight_bytes() const { return impl_->weight_bytes(); }
     /// Statistics of the gated blocks of the last forward call on cache `c` (one entry per gated block: layer, gate,
     /// rows, fired rows and per-row scores such as AMOR's normalised entropies). Empty for ungated models.

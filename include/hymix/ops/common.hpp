@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "hymix/backend/concepts.hpp"
+#include "hymix/backend/grain.hpp"
 #include "hymix/backend/cpu.hpp"
 #include "hymix/backend/op.hpp"
 #include "hymix/backend/reference.hpp"

@@ -38,11 +38,14 @@ void embedding(const B& be, view_of<B, const float, 2> table, std::span<const st
     dispatch<embedding_op>(be, table, tokens, mask, x);
 }
 /// The same from a host linear_weight table, read as stored (16-bit rows are widened exactly; an 8-bit row is its
-/// scale times its integers, q8_view::at).
+/// scale times its integers, q8_view::at). Throws value_error where the backend's op_impl does not take the storage.
 template <host_backend B, std::same_as<linear_weight> W>
 void embedding(const B& be, const W& table, std::span<const std::int32_t> tokens, std::span<const unsigned char> mask,
                view_of<B, float, 2> x) {
-    table.template visit_stored<2>([&](auto t) { dispatch<embedding_op>(be, t, tokens, mask, x); });
+    using X = view_of<B, float, 2>;
+    table.template visit_stored<2>([&]<class T>(T t)
+        requires dispatchable_op<embedding_op, B, T, std::span<const std::int32_t>, std::span<const unsigned char>, X>
+    { dispatch<embedding_op>(be, t, tokens, mask, x); });
 }
 
 /// dst[i, :] = src[rows[i], :] (rows[i] < 0: zeros). src [n, d], dst [m, d], rows [m].
@@ -92,6 +95,11 @@ inline void check_unit_inner(std::int64_t stride, std::int64_t width, const char
     if (width > 1 && stride != 1)
         throw shape_error(std::string(who) + ": " + what + " needs unit inner stride, found " + std::to_string(stride));
 }
+
+/// A host embedding table: a [V, d] view of fp32, bf16 or f16 values, or 8-bit rows with their scales.
+template <class T>
+concept embedding_table = std::same_as<T, tensor_view<const float, 2>> || std::same_as<T, tensor_view<const bf16, 2>> ||
+                          std::same_as<T, tensor_view<const f16, 2>> || std::same_as<T, q8_view>;
 
 /// The host implementations shared by the CPU and reference backends (pure data movement is exact on both).
 struct host_moves {
@@ -183,14 +191,9 @@ struct host_moves {
 
 template <class Arch>
 struct op_impl<ops::embedding_op, basic_cpu_backend<Arch>> {
-    template <class T>
-    static void run(const basic_cpu_backend<Arch>& be, tensor_view<const T, 2> table, std::span<const std::int32_t> tokens,
-                    std::span<const unsigned char> mask, tensor_view<float, 2> x) {
-        detail::host_moves::check_embedding(table, tokens.size(), mask.size(), x);
-        be.parallel_for(x.dim(0), 256, [&](std::int64_t r0, std::int64_t r1) { detail::host_moves::embedding(table, tokens, mask, x, r0, r1); });
-    }
-    static void run(const basic_cpu_backend<Arch>& be, q8_view table, std::span<const std::int32_t> tokens,
-                    std::span<const unsigned char> mask, tensor_view<float, 2> x) {
+    template <detail::embedding_table Table>
+    static void run(const basic_cpu_backend<Arch>& be, Table table, std::span<const std::int32_t> tokens, std::span<const unsigned char> mask,
+                    tensor_view<float, 2> x) {
         detail::host_moves::check_embedding(table, tokens.size(), mask.size(), x);
         be.parallel_for(x.dim(0), 256, [&](std::int64_t r0, std::int64_t r1) { detail::host_moves::embedding(table, tokens, mask, x, r0, r1); });
     }
@@ -274,13 +277,8 @@ struct op_impl<ops::mul_sigmoid_op, basic_cpu_backend<Arch>> {
 
 template <>
 struct op_impl<ops::embedding_op, reference_backend> {
-    template <class T>
-    static void run(const reference_backend&, tensor_view<const T, 2> table, std::span<const std::int32_t> tokens,
-                    std::span<const unsigned char> mask, tensor_view<float, 2> x) {
-        detail::host_moves::check_embedding(table, tokens.size(), mask.size(), x);
-        detail::host_moves::embedding(table, tokens, mask, x, 0, x.dim(0));
-    }
-    static void run(const reference_backend&, q8_view table, std::span<const std::int32_t> tokens, std::span<const unsigned char> mask,
+    template <detail::embedding_table Table>
+    static void run(const reference_backend&, Table table, std::span<const std::int32_t> tokens, std::span<const unsigned char> mask,
                     tensor_view<float, 2> x) {
         detail::host_moves::check_embedding(table, tokens.size(), mask.size(), x);
         detail::host_moves::embedding(table, tokens, mask, x, 0, x.dim(0));

@@ -36,11 +36,17 @@ void linear(const B& be, view_of<B, const float, 2> x, q8_view w, const float* b
 }
 
 /// The same with a host linear_weight, read as it is stored (f32, bf16, f16 or i8): the f32 overload's result on the
-/// stored values (i8: the q8_view overload). Throws shape_error on mismatched shapes.
+/// stored values (i8: the q8_view overload). Throws shape_error on mismatched shapes, and value_error where the
+/// backend's op_impl does not take the weight's storage.
 /// (W is deduced so that a tensor<float> argument still picks the f32 overload without ambiguity.)
 template <host_backend B, std::same_as<linear_weight> W>
 void linear(const B& be, view_of<B, const float, 2> x, const W& w, const float* bias, view_of<B, float, 2> y) {
-    w.template visit_stored<2>([&](auto wv) { dispatch<linear_op>(be, x, wv, bias, y); });
+    // A backend that runs some storages only (see runs_op) gets value_error for the others, not a compile error.
+    using X = view_of<B, const float, 2>;
+    using Y = view_of<B, float, 2>;
+    w.template visit_stored<2>([&]<class V>(V wv) requires dispatchable_op<linear_op, B, X, V, const float*, Y> {
+        dispatch<linear_op>(be, x, wv, bias, y);
+    });
 }
 
 }  // namespace ops

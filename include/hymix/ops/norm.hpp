@@ -80,7 +80,8 @@ struct op_impl<ops::gated_rms_norm_op, basic_cpu_backend<Arch>> {
         detail::check_gated_norm_args(y, z, w_len, out);
         const std::int64_t M = y.dim(0), G = y.dim(1), gs = y.dim(2);
         const std::int64_t rb = 64, nrb = (M + rb - 1) / rb;
-        be.parallel_for(G * nrb, 1, [&](std::int64_t b0, std::int64_t b1) {
+        // About 4 multiply-add equivalents per element (square-sum, scale, the gate's sigmoid and product).
+        be.parallel_for(G * nrb, items_per_task(4 * std::min(rb, M) * gs, min_task_macs), [&](std::int64_t b0, std::int64_t b1) {
             for (std::int64_t i = b0; i < b1; ++i) {
                 const std::int64_t g = i / nrb, r0 = (i % nrb) * rb, m = std::min(rb, M - r0);
                 auto col = [&](auto v) {  // [m, gs] view of group g, rows r0..r0+m

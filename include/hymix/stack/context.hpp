@@ -22,7 +22,7 @@ template <class B>
 struct block_context {
     const B& be;
     const validated_batch& batch;
-    const linear_weight& head;               // [V, d] LM head (the embedding when tied), f32 or 16-bit
+    const linear_weight& head;               // [V, d] LM head (the embedding when tied), f32, 16-bit or i8 with row scales
     const float* final_norm = nullptr;       // [d]
     float norm_eps = 1e-5f;                  // stack norm eps
     kernels::rms_flavor norm_flavor = kernels::rms_flavor::plain;

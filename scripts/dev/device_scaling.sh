@@ -1,0 +1,55 @@
+# Many-core measurements on the device machine's host CPU (no GPU used), for issues 12 and 10: real-size models from
+# bench/configs (random weights) with f32, bf16 and i8 projection weights, Hugging Face transformers on the same
+# configs in the same run, and the same benchmarks pinned to 1, 2, 4, 8 and 16 cores with taskset (oneTBB follows the
+# mask; HYMIX_BENCH_THREADS is set to the core count too). Builds bench_model_sizes and bench_oryx against Debian
+# packages unpacked from .debs/ (the machine has no network), unless .benchbin/ holds ones that run there.
+#   PHASE=models bash scripts/dev/device_scaling.sh   hymix at every core: prefill and decode B 1 / B 8, f32 bf16 i8;
+#                                                     the small Oryx / GDN / attention layer cases over core counts
+#   PHASE=peers  bash scripts/dev/device_scaling.sh   transformers (f32) and hymix f32 on the same configs, one run;
+#                                                     hymix decode at batch 1 (f32, i8) over core counts
+# Results (Google Benchmark CSVs, peaks measured in the same run) land in $OUT, with the two binaries.
+set -e
+mkdir -p /tmp/deps && for d in .debs/*.deb; do dpkg -x "$d" /tmp/deps; done
+export CMAKE_PREFIX_PATH=/tmp/deps/usr CPATH=/tmp/deps/usr/include LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu
+export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu
+bin=.benchbin
+if ! "$bin/bench_oryx" --benchmark_list_tests >/dev/null 2>&1 || ! "$bin/bench_model_sizes" --benchmark_list_tests >/dev/null 2>&1; then
+    t0=$(date +%s)
+    cmake --preset release -DHYMIX_BUILD_TESTS=OFF >/tmp/cfg.log 2>&1 || { tail -20 /tmp/cfg.log; exit 1; }
+    cmake --build build/release -j"$(nproc)" --target bench_model_sizes bench_oryx >/tmp/build.log 2>&1 \
+        || { grep -E 'error' -A5 /tmp/build.log | head -40; exit 1; }
+    echo "device_scaling: built in $(( $(date +%s) - t0 )) s"
+    bin=build/release/bench
+    cp "$bin/bench_model_sizes" "$bin/bench_oryx" "$OUT/"
+fi
+lscpu | grep -E 'Model name|^CPU\(s\)|Thread|L3' || true
+g++ --version | head -1
+cores=$(nproc)
+sizes() {  # sizes OUT_CSV CORES FILTER MIN_TIME
+    HYMIX_BENCH_THREADS=$2 taskset -c "0-$(( $2 - 1 ))" "$bin/bench_model_sizes" --benchmark_filter="$3" \
+        --benchmark_min_time="$4" --benchmark_out="$1" --benchmark_out_format=csv >/dev/null
+    grep -E '^"?(prefill|decode)' "$1" | cut -d, -f1,3 | sed "s/^/  $2 cores: /"
+}
+case "${PHASE:-models}" in
+models)
+    sizes "$OUT/model_sizes_16core.csv" "$cores" '(prefill/.*/(f32|bf16|i8)/)|(decode/.*/(f32|bf16|i8)/batch:(1|8)/)' 1
+    for c in 1 2 4 8 16; do
+        [ "$c" -le "$cores" ] || continue
+        HYMIX_BENCH_THREADS=$c taskset -c "0-$(( c - 1 ))" "$bin/bench_oryx" \
+            --benchmark_filter='^(BM_oryx_decode/gdn:./schedule:0/n:1024|BM_oryx_decode/gdn:1/schedule:1/n:65536|BM_attention_decode/n:1024|BM_gdn_decode|BM_oryx_prefill/gdn:./schedule:0/T:4096)$' \
+            --benchmark_out="$OUT/oryx_scaling_$c.csv" --benchmark_out_format=csv >/dev/null
+        echo "  bench_oryx on $c cores done"
+    done
+    ;;
+peers)
+    OMP_NUM_THREADS=$cores python3 scripts/hf_cpu_bench.py --threads "$cores" --repeats "${REPEATS:-1}" \
+        --decode-tokens "${DECODE_TOKENS:-8}" bench/configs/qwen3.5-0.8b.json bench/configs/mamba2-780m.json \
+        | tee "$OUT/transformers_16core.csv"
+    sizes "$OUT/model_sizes_peers_16core.csv" "$cores" '(prefill/.*/f32/)|(decode/.*/f32/batch:1/)' 1
+    for c in 1 2 4 8; do
+        [ "$c" -le "$cores" ] || continue
+        sizes "$OUT/model_sizes_decode_$c.csv" "$c" 'decode/.*/(f32|i8)/batch:1/' 1
+    done
+    ;;
+*) echo "device_scaling: PHASE is models or peers" >&2; exit 2 ;;
+esac

@@ -9,7 +9,8 @@ generate(same prompt, 1 + D new tokens) minus that, divided by D (--decode-promp
 where a slow prefill's run-to-run noise would swamp D decode steps). Each figure is the best of `--repeats` runs, after
 one warm-up call on a 16-token prompt.
 
-Writes CSV rows to stdout: framework,model,weights,phase,batch,threads,ms_per_token_or_call,tokens_per_s
+Writes CSV rows to stdout: framework,model,weights,phase,batch,threads,ms,tokens_per_s (ms: per prefill call, or per
+decode token)
 
 Usage: python3 scripts/hf_cpu_bench.py --threads 16 bench/configs/qwen3.5-0.8b.json bench/configs/mamba2-780m.json
 Needs torch and transformers (the device machine has both); a config transformers cannot build is reported on stderr

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "hymix/backend/cpu.hpp"
+#include "hymix/backend/grain.hpp"
 
 using namespace hymix;
 
@@ -64,6 +65,34 @@ TEST_CASE("parallel_for_static: every index once, parts of at least min_items, t
                     CHECK(parts.empty());
                 }
                 CHECK(run() == parts);  // the same partition again
+            }
+        }
+    }
+}
+
+TEST_CASE("items_per_task and split_grain: parallel_for pieces hold at least the minimum of items, short ranges run as one") {
+    CHECK(items_per_task(1, 1) == 1);
+    CHECK(items_per_task(6144, min_task_macs) == 11);   // a 24-column group of a 256-wide projection at batch 1
+    CHECK(items_per_task(0, min_task_macs) == min_task_macs);
+    CHECK(items_per_task(std::int64_t{1} << 30, min_task_macs) == 1);
+    for (int threads : {2, 3, 4, 16}) {
+        const hymix::cpu_backend be(threads);
+        for (std::int64_t n : {1, 5, 21, 22, 43, 100, 1000}) {
+            for (std::int64_t min_items : {1, 3, 11}) {
+                CAPTURE(threads);
+                CAPTURE(n);
+                CAPTURE(min_items);
+                std::mutex m;
+                std::vector<std::int64_t> sizes;
+                std::int64_t covered = 0;
+                be.parallel_for(n, split_grain(min_items), [&](std::int64_t b, std::int64_t e) {
+                    const std::lock_guard<std::mutex> lock(m);
+                    sizes.push_back(e - b);
+                    covered += e - b;
+                });
+                CHECK(covered == n);
+                CHECK(*std::min_element(sizes.begin(), sizes.end()) >= std::min(n, min_items));
+                if (n < 2 * min_items) CHECK(sizes.size() == 1);
             }
         }
     }

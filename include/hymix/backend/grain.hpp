@@ -15,10 +15,16 @@ namespace hymix {
 inline constexpr std::int64_t min_task_macs = std::int64_t{1} << 16;
 
 /// Items per task for items of `work_per_item` each, so that a task holds at least `min_work`: ceil(min_work /
-/// work_per_item), at least 1. Use it as a parallel_for grain or parallel_for_static's min_items.
+/// work_per_item), at least 1. Exact as parallel_for_static's min_items; as a parallel_for grain, pass it through
+/// split_grain.
 constexpr std::int64_t items_per_task(std::int64_t work_per_item, std::int64_t min_work) noexcept {
     const std::int64_t w = std::max<std::int64_t>(work_per_item, 1);
     return std::max<std::int64_t>(1, (min_work + w - 1) / w);
 }
+
+/// The parallel_for grain whose tasks hold at least `min_items` items: oneTBB's blocked_range halves a range while it
+/// is longer than the grain, so its pieces hold between grain / 2 and grain items; a grain of 2 · min_items − 1 keeps
+/// every piece at min_items or more (and a range of fewer than 2 · min_items items runs as one task, inline).
+constexpr std::int64_t split_grain(std::int64_t min_items) noexcept { return 2 * std::max<std::int64_t>(min_items, 1) - 1; }
 
 }  // namespace hymix

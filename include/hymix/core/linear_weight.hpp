@@ -294,7 +294,7 @@ public:
 
 private:
     value_error unvisitable(std::string_view storage) const {
-        return value_error("linear_weight: a weight of shape " + shape_string(shape_) + " stored as " + std::string(storage) +
+        return value_error("linear_weight: a weight of shape " + shape_string(shape()) + " stored as " + std::string(storage) +
                            " is read here by code (or a backend's op) that does not take that storage; store it as another dtype");
     }
     // f16's largest finite value is 65504; round-to-nearest-even sends |w| < 65520 there and |w| >= 65520 to infinity.
@@ -304,7 +304,8 @@ private:
                 throw value_error(std::string(name) + ": value " + std::to_string(p[i]) + " at " + position(static_cast<std::int64_t>(i)) +
                                   " overflows f16 (|w| < 65520 rounds to at most 65504); store it as bf16 or f32");
     }
-    // "[row, column]" of the i-th stored value (rows are the first dimension, as for the i8 scales).
+    // "[row, column]" of the i-th stored value, the weight seen as [dim 0, product of the rest] as for the i8 scales
+    // (a rank-1 weight's element i is [i, 0]; a rank-3 one's column counts over its last two dimensions).
     std::string position(std::int64_t i) const {
         const std::int64_t w = std::max<std::int64_t>(row_width(shape()), 1);
         std::string s = "[";  // appended piece by piece (GCC 12 warns falsely on "[" + std::to_string(...))

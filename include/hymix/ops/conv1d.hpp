@@ -72,10 +72,11 @@ template <class Arch>
 struct op_impl<ops::causal_conv1d_op, basic_cpu_backend<Arch>> {
     static void run(const basic_cpu_backend<Arch>& be, std::span<const ops::conv_problem<host_space>> ps,
                     kernels::conv_activation act) {
-        std::int64_t macs = 0;  // T · C · K of every problem: a decode step's few channels run inline
-        for (const auto& p : ps) macs += p.x.dim(0) * p.x.dim(1) * p.w.dim(1);
-        const auto n = static_cast<std::int64_t>(ps.size());
-        be.parallel_for(n, items_per_task(n > 0 ? macs / n : 0, min_task_macs), [&](std::int64_t b, std::int64_t e) {
+        // Tasks sized by the largest problem (T · C · K multiply-adds): a decode step's few channels run inline, and a
+        // prefill sharing the call with decode rows keeps a task per problem.
+        std::int64_t macs = 0;
+        for (const auto& p : ps) macs = std::max(macs, p.x.dim(0) * p.x.dim(1) * p.w.dim(1));
+        be.parallel_for(static_cast<std::int64_t>(ps.size()), split_grain(items_per_task(macs, min_task_macs)), [&](std::int64_t b, std::int64_t e) {
             for (std::int64_t i = b; i < e; ++i) {
                 const auto& p = ps[static_cast<std::size_t>(i)];
                 kernels::causal_conv1d<float>(p.x, p.w, p.bias, p.state, act, p.out);

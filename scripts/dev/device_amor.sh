@@ -4,9 +4,8 @@
 # it. The docs it writes, the runs' logs, loss curves and last AMOR files are packed into $OUT/amor_docs.tar.gz.
 #   MINUTES=4 PARALLEL=6 THREADS=2 DEADLINE_S=500 bash scripts/dev/device_amor.sh
 set -e
-mkdir -p /tmp/deps && for d in .debs/*.deb; do dpkg -x "$d" /tmp/deps; done
-export CMAKE_PREFIX_PATH=/tmp/deps/usr CPATH=/tmp/deps/usr/include LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu
-export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu
+# shellcheck source=scripts/dev/offline_deps.sh
+source "$(dirname "$0")/offline_deps.sh"
 tool=.tool/hymix
 if ! "$tool" --version >/dev/null 2>&1; then
     echo "device_amor: building the tool here"

@@ -1,9 +1,8 @@
 # Builds the release preset against Debian packages unpacked from .debs/ (a machine without network) and runs the
 # runtime tests with the shared models copied into .shared_models/; prints the failures.
 set -e
-mkdir -p /tmp/deps && for d in .debs/*.deb; do dpkg -x $d /tmp/deps; done
-export CMAKE_PREFIX_PATH=/tmp/deps/usr
-export CPATH=/tmp/deps/usr/include LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu
+# shellcheck source=scripts/dev/offline_deps.sh
+source "$(dirname "$0")/offline_deps.sh"
 cmake --preset release -DHYMIX_WERROR=ON -DHYMIX_SHARED_DIR=$PWD/.shared_models > /tmp/cfg.log 2>&1 || { tail -30 /tmp/cfg.log; exit 1; }
 t0=$(date +%s)
 cmake --build build/release -j16 -- -k 0 > /tmp/build.log 2>&1 || { grep -E 'error|FAILED' -A5 /tmp/build.log | head -80; }

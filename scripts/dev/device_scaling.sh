@@ -5,13 +5,13 @@
 # packages unpacked from .debs/ (the machine has no network), unless .benchbin/ holds ones that run there.
 #   PHASE=models bash scripts/dev/device_scaling.sh   hymix at every core: prefill and decode B 1 / B 8, f32 bf16 i8;
 #                                                     the small Oryx / GDN / attention layer cases over core counts
-#   PHASE=peers  bash scripts/dev/device_scaling.sh   transformers (f32) and hymix f32 on the same configs, one run;
+#   PHASE=peers  bash scripts/dev/device_scaling.sh   transformers (f32) and hymix f32 on the same configs, one run
+#                                                     (Mamba-2's transformers decode after a 16-token prompt too);
 #                                                     hymix decode at batch 1 (f32, i8) over core counts
 # Results (Google Benchmark CSVs, peaks measured in the same run) land in $OUT, with the two binaries.
 set -e
-mkdir -p /tmp/deps && for d in .debs/*.deb; do dpkg -x "$d" /tmp/deps; done
-export CMAKE_PREFIX_PATH=/tmp/deps/usr CPATH=/tmp/deps/usr/include LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu
-export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu
+# shellcheck source=scripts/dev/offline_deps.sh
+source "$(dirname "$0")/offline_deps.sh"
 bin=.benchbin
 if ! "$bin/bench_oryx" --benchmark_list_tests >/dev/null 2>&1 || ! "$bin/bench_model_sizes" --benchmark_list_tests >/dev/null 2>&1; then
     t0=$(date +%s)
@@ -45,6 +45,10 @@ peers)
     OMP_NUM_THREADS=$cores python3 scripts/hf_cpu_bench.py --threads "$cores" --repeats "${REPEATS:-1}" \
         --decode-tokens "${DECODE_TOKENS:-8}" bench/configs/qwen3.5-0.8b.json bench/configs/mamba2-780m.json \
         | tee "$OUT/transformers_16core.csv"
+    # Mamba-2's decode again after a 16-token prompt: behind the 512-token one, the spread of transformers' 41 s
+    # prefill swamps a few decode steps (an SSM step does not depend on the context length).
+    OMP_NUM_THREADS=$cores python3 scripts/hf_cpu_bench.py --threads "$cores" --repeats 2 --phases decode \
+        --decode-prompt 16 --decode-tokens 32 bench/configs/mamba2-780m.json | tee "$OUT/transformers_mamba2_decode.csv"
     sizes "$OUT/model_sizes_peers_16core.csv" "$cores" '(prefill/.*/f32/)|(decode/.*/f32/batch:1/)' 1
     for c in 1 2 4 8; do
         [ "$c" -le "$cores" ] || continue

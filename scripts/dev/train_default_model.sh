@@ -4,8 +4,8 @@
 #   bash scripts/dev/train_default_model.sh KJV_TEXT OUT_DIR [SECONDS]
 set -e
 text=$1 out=$2 budget=${3:-300}
-mkdir -p /tmp/deps && for d in .debs/*.deb; do dpkg -x $d /tmp/deps; done
-export CMAKE_PREFIX_PATH=/tmp/deps/usr CPATH=/tmp/deps/usr/include LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu
+# shellcheck source=scripts/dev/offline_deps.sh
+source "$(dirname "$0")/offline_deps.sh"
 cmake --preset release -DHYMIX_BUILD_TESTS=OFF -DHYMIX_BUILD_BENCHMARKS=OFF > /tmp/cfg.log 2>&1 || { tail -20 /tmp/cfg.log; exit 1; }
 cmake --build build/release -j"$(nproc)" --target hymix_tool > /tmp/build.log 2>&1 || { grep -E 'error' -A5 /tmp/build.log | head -40; exit 1; }
 tool=build/release/examples/tool/hymix

@@ -12,6 +12,9 @@
 // rows attended to (W_q, W_o where some row fires). The `fire_rate` counter is the measured mean over blocks and
 // timed steps (at least 2 s of steps per case, so that the rate rests on tens of decisions per block).
 // Where true-sparse overtakes always-on is the question: the gate's head GEMV (d·V weights per block) is its cost.
+// The fifth variant runs true-sparse with fitted-router gates (spec.md §5.6: W₁ [512, d], nn.Linear-initialised
+// weights from a seed, τ at the 78th percentile of the router's own Ĥ over the same calibration): the gate then costs
+// d·513 + 512 multiply-adds per row and block instead of d·V.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -24,6 +27,8 @@
 
 #include "hymix/backend/cpu.hpp"
 #include "hymix/models/amor.hpp"
+#include "hymix/models/amor_router.hpp"
+#include "hymix/train/router_fit.hpp"
 #include "hymix/models/hf_mamba2.hpp"
 #include "hymix/stack/random_stack.hpp"
 #include "peak.hpp"
@@ -44,9 +49,9 @@ constexpr size_spec sizes[] = {{"kjv", 256, 6, 256, 4, 64}, {"large_vocab", 1024
 constexpr std::int64_t n_blocks = 3;
 constexpr double target_fire = 0.22;
 
-enum variant : int { backbone_only = 0, amor_sparse = 1, amor_always = 2, fixed_hybrid = 3 };
+enum variant : int { backbone_only = 0, amor_sparse = 1, amor_always = 2, fixed_hybrid = 3, amor_router = 4 };
 const char* variant_name(int v) {
-    static const char* names[] = {"backbone", "amor_true_sparse", "amor_always_on", "fixed_hybrid"};
+    static const char* names[] = {"backbone", "amor_true_sparse", "amor_always_on", "fixed_hybrid", "amor_router"};
     return names[v];
 }
 
@@ -92,6 +97,13 @@ any_model build(const size_spec& s, int v) {
         return hymix::random_stack<hybrid_t>(stack_cfg(s), {.kinds = kinds}, {mixer_cfg(s), amor_cfg(s).attention()}, 0);
     }
     amor_t m = hymix::models::make_amor<amor_t>(make_backbone(s), amor_cfg(s), 0);
+    if (v == amor_router) {
+        std::vector<std::shared_ptr<const hymix::entropy_router>> routers;
+        for (std::int64_t k = 0; k < n_blocks; ++k)
+            routers.push_back(std::make_shared<const hymix::entropy_router>(
+                hymix::train::init_entropy_router_weights(s.d, hymix::entropy_router::default_hidden, static_cast<std::uint64_t>(k))));
+        hymix::models::attach_entropy_routers(m, routers);
+    }
     const hymix::cpu_backend be;
     const std::int64_t T = 64, steps = 128;
     std::vector<std::int32_t> tok(static_cast<std::size_t>(T));
@@ -186,14 +198,15 @@ void BM_amor_decode(benchmark::State& st) {
             roll_back(cache, B, n);
             st.ResumeTiming();
         }
-        const double f = v == amor_always || v == fixed_hybrid ? 1.0 : v == amor_sparse && rows > 0 ? fired / rows : 0.0;
+        const double f = v == amor_always || v == fixed_hybrid ? 1.0 : (v == amor_sparse || v == amor_router) && rows > 0 ? fired / rows : 0.0;
         const double d = static_cast<double>(s.d), V = static_cast<double>(s.vocab), nd = static_cast<double>(n + 1);
         const auto mc = mixer_cfg(s);
         const double mixer_w = static_cast<double>(s.layers) *
                                (d * static_cast<double>(mc.d_in_proj()) + static_cast<double>(mc.d_inner()) * d +
                                 static_cast<double>(mc.conv_dim() * mc.d_conv));
         const double blocks = v == backbone_only ? 0.0 : static_cast<double>(n_blocks);
-        const double gate_w = v == amor_sparse ? d * V : 0.0;  // entropy_ema::decide skips the head when always on
+        // entropy_ema::decide skips the head when always on; with a router it reads the router's weights instead.
+        const double gate_w = v == amor_sparse ? d * V : v == amor_router ? d * 513.0 + 512.0 : 0.0;
         const double ssm = static_cast<double>(s.layers * mc.d_inner() * mc.d_state);
         const double conv = static_cast<double>(s.layers * mc.conv_dim() * (mc.d_conv - 1));
         const double Bd = static_cast<double>(B);
@@ -211,7 +224,7 @@ void BM_amor_decode(benchmark::State& st) {
 
 void args(benchmark::internal::Benchmark* b) {
     for (int size = 0; size < 2; ++size)
-        for (int v = 0; v < 4; ++v)
+        for (int v = 0; v < 5; ++v)
             for (std::int64_t B : {1, 8})
                 for (std::int64_t n : {1024, 4096, 16384, 65536, 131072}) {
                     if (v == backbone_only && n != 1024) continue;  // no KV cache: the context does not matter

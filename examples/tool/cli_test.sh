@@ -168,7 +168,11 @@ score)
     expect 0 "\(1 windows, 99 scored bytes" score -m "$tiny" --text "$work/t100"
     expect 0 "\(1 windows, 9 scored bytes" score -m "$tiny" --text "$work/t100" --offset 50 --bytes 10
     head -c 1 "$work/t1024" >"$work/t1"
-    expect 1 "nothing to score" score -m "$tiny" --text "$work/t1"
+    # A text too short to score is an unusable input (2); a range too short is a command-line choice (1).
+    expect 2 "nothing to score: '.*t1' has 1 byte" score -m "$tiny" --text "$work/t1"
+    : >"$work/t0"
+    expect 2 "nothing to score: '.*t0' has 0 byte" score -m "$tiny" --text "$work/t0"
+    expect 1 "nothing to score: the range \[99, 100\)" score -m "$tiny" --text "$work/t100" --offset 99
     expect 1 "--offset 5000 is past the end" score -m "$tiny" --text "$work/t1024" --offset 5000
     expect 1 "--bytes 1000 from --offset 100 runs past the end" score -m "$tiny" --text "$work/t1024" --offset 100 --bytes 1000
     expect 1 "--full-windows needs more than --window 512" score -m "$tiny" --text "$work/t100" --full-windows
@@ -324,6 +328,23 @@ amor)
         --eval-bytes 2048 --window 512 --kappa 0.2,0.2,1 --csv "$work/aa.csv"
     [ "$(cut -d, -f1 "$work/aa.csv" | tr '\n' ' ')" = "variant backbone untrained always_on " ] && echo "ok:   always-on file: rows without κ" \
         || { echo "FAIL: always-on sweep rows: $(cut -d, -f1 "$work/aa.csv" | tr '\n' ' ')"; failures=$((failures + 1)); }
+    # Fitted routers (spec.md §5.6): amor-router writes one per block, score / amor-trace take them with --router.
+    expect1 0 "wrote .*routers.safetensors" amor-router -m "$bb" --amor "$amor" --text "$work/text.txt" --samples 512 --keep 0.5 \
+        --window 128 --epochs 3 --eval-bytes 1024 --threads 1 --out "$work/routers.safetensors" --csv "$work/routers.csv"
+    grep -aqE "gate cost per position and block: head [0-9]+ FLOPs .*it does not pay at this vocabulary" "$work/all" \
+        && echo "ok:   amor-router states that a byte vocabulary keeps the exact gate" || { echo "FAIL: amor-router cost line"; failures=$((failures + 1)); }
+    awk -F, 'NR > 1 { n++; if ($3 != 512 || $7 < 0 || $7 > 1 || $8 < 0 || $8 > 1 || $9 < 0 || $9 > 1) bad = 1 }
+             END { exit !(n == 2 && !bad) }' "$work/routers.csv" \
+        && echo "ok:   routers.csv: a row per block with rates in [0, 1]" || { echo "FAIL: routers.csv"; cat "$work/routers.csv"; failures=$((failures + 1)); }
+    expect 0 "gates: fitted entropy routers from .*routers.safetensors" score -m "$bb" --amor "$amor" --router "$work/routers.safetensors" \
+        --text "$work/text.txt" --bytes 600
+    expect 0 "wrote .*trace_r.html" amor-trace -m "$bb" --amor "$amor" --router "$work/routers.safetensors" --text "$work/text.txt" \
+        --bytes 256 --out "$work/trace_r.html"
+    expect 1 "--router needs the AMOR blocks" score -m "$bb" --router "$work/routers.safetensors" --text "$work/text.txt"
+    expect 2 "not an AMOR router file" score -m "$bb" --amor "$amor" --router "$amor" --text "$work/text.txt" --bytes 600
+    expect 1 "always-on blocks: they have no entropy gate" amor-router -m "$bb" --amor "$work/aa/checkpoint-2/amor.safetensors" \
+        --text "$work/text.txt"
+    expect 1 "amor-router needs --amor" amor-router -m "$bb" --text "$work/text.txt"
     ;;
 *)
     echo "unknown group $group"

@@ -88,8 +88,8 @@ fs::path resolve_model_dir(const std::string& arg) {
     if (dir.empty())
         throw usage_error(
             "no model given. Pass --model DIR (or set HYMIX_MODEL) where DIR is a Hugging Face checkpoint directory "
-            "holding config.json and model.safetensors, e.g. --model ../shared/models/kjv-hybrid-byte "
-            "(Mamba2ForCausalLM and Qwen3_5ForCausalLM text models are supported).");
+            "holding config.json and model.safetensors, e.g. --model models/kjv-tiny-hybrid (in the repository) "
+            "(Mamba2ForCausalLM, Qwen3_5ForCausalLM text models and hymix's Oryx models are supported).");
     std::error_code ec;
     const auto st = fs::status(dir, ec);
     if (!fs::exists(st)) throw hymix::io_error(from + ": model directory '" + dir + "' does not exist");

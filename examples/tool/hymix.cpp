@@ -9,6 +9,7 @@
 //   hymix amor-train --model BACKBONE --text FILE [--blocks K --kappa κ --steps N ...]
 //   hymix amor-trace --model BACKBONE --amor FILE --text FILE [--offset O --bytes N --out PAGE.html]
 //   hymix amor-sweep --model BACKBONE --amor FILE --text FILE [--kappa K,K,... --window L,L --csv F --svg F]
+//   hymix amor-router --model BACKBONE --amor FILE --text FILE [--out ROUTERS.safetensors --samples N --epochs E ...]
 // This file defines the command line and maps failures to exit codes (tool.hpp); each command lives in its own
 // file. Tokens are bytes (the shared KJV checkpoints); the tokenizer is the replaceable hymix::byte_tokenizer.
 #include <cstdio>
@@ -24,6 +25,7 @@
 
 #include "cli.hpp"
 #include "hymix/core/finite.hpp"
+#include "amor_router.hpp"
 #include "amor_sweep.hpp"
 #include "tool.hpp"
 
@@ -72,7 +74,8 @@ int fail(int code, const std::string& message) {
 /// Every option of every command, and the values they set.
 struct command_line {
     CLI::App app{"hymix: run hybrid recurrent/attention language models (Hugging Face checkpoints) on the CPU"};
-    CLI::App *info = nullptr, *gen = nullptr, *score = nullptr, *logits = nullptr, *train = nullptr, *amor_train = nullptr, *amor_trace = nullptr, *amor_sweep = nullptr;
+    CLI::App *info = nullptr, *gen = nullptr, *score = nullptr, *logits = nullptr, *train = nullptr, *amor_train = nullptr, *amor_trace = nullptr, *amor_sweep = nullptr,
+             *amor_router = nullptr;
     tool::common_options common;
     tool::generate_options generate;
     tool::score_options scoring;
@@ -83,6 +86,7 @@ struct command_line {
     std::string amor_lr_decay = "constant", amor_out = "hymix-amor";
     tool::amor_trace_options trace;
     tool::amor_sweep_options sweep;
+    tool::amor_router_options router;
     std::int64_t trace_offset = 0;
     CLI::Option* trace_offset_opt = nullptr;
     // Values whose absence means something (random seed, context from config.json, range from the text).
@@ -162,6 +166,26 @@ struct command_line {
         amor_sweep->add_option("--svg", sweep.svg, "SVG plot to write: bits/byte against the mean fire rate, one line per window");
         amor_sweep->add_option("--from-csv", sweep.from_csv, "re-draw the --svg plot of a finished sweep from its --csv file (no model is loaded)")
             ->check(CLI::ExistingFile);
+
+        amor_router = command("amor-router",
+                              "fit one entropy router per AMOR block (spec.md §5.6: Ĥ from the block's input, no LM-head pass) on "
+                              "positions of the text's training split; report its held-out decisions beside the exact gates' (needs --amor)",
+                              /*inference=*/false);
+        auto& r = router;
+        amor_router->add_option("--text", r.text, "text (bytes): positions are recorded from its first 95%, the last 5% is held out")->required();
+        amor_router->add_option("--out,-o", r.out, "router file to write (give it to generate / score / logits / amor-trace as --router)");
+        amor_router->add_option("--csv", r.csv, "CSV file to write: one row per block (fit, fire rates, decision agreement, bits/byte)");
+        amor_router->add_option("--samples", r.samples, "positions recorded per block")->check(whole(2, std::int64_t{1} << 26));
+        amor_router->add_option("--keep", r.keep, "fraction of positions recorded (spreads the samples over more windows)")
+            ->check(decimal(1e-4, 1));
+        amor_router->add_option("--window", r.window, "bytes per window (recording and held-out scoring)")->check(whole(2, 1 << 20));
+        amor_router->add_option("--hidden", r.hidden, "router width (W₁ [hidden, d_model])")->check(whole(1, 1 << 16));
+        amor_router->add_option("--epochs", r.epochs, "passes over the recorded positions")->check(whole(1, 10000));
+        amor_router->add_option("--batch", r.batch, "positions per AdamW step")->check(whole(1, 1 << 20));
+        amor_router->add_option("--lr", r.lr, "peak learning rate (cosine decay to a tenth)")->check(decimal(1e-8, 1));
+        amor_router->add_option("--seed", r.seed, "seed of the windows, the recorded positions and the fit");
+        amor_router->add_option("--eval-bytes", r.eval_bytes, "held-out bytes scored (from the start of the held-out part)")
+            ->check(whole(3, std::int64_t{1} << 40));
     }
 
     /// The options of the training loop, shared by train and amor-train.
@@ -256,6 +280,11 @@ struct command_line {
         c->add_option("--amor", common.amor,
                       "AMOR file (entropy-gated attention blocks trained on the --model backbone; spec.md §5) to run on top of it")
             ->check(CLI::ExistingFile);
+        if (inference)
+            c->add_option("--router", common.router,
+                          "router file of the --amor blocks (hymix amor-router; spec.md §5.6): the gates fire on a small regressor's "
+                          "estimate of the head entropy instead of the LM head pass (pays for vocabularies wider than about 513)")
+                ->check(CLI::ExistingFile);
         c->add_flag("--allow-nonfinite", common.allow_nonfinite,
                     "load weights holding NaN / Inf (each such tensor is named in a warning); logits writes non-finite "
                     "results");
@@ -322,7 +351,7 @@ struct command_line {
 
     /// The command given (nullptr when none was), after parsing.
     CLI::App* chosen() const {
-        for (auto* c : {info, gen, score, logits, train, amor_train, amor_trace, amor_sweep})
+        for (auto* c : {info, gen, score, logits, train, amor_train, amor_trace, amor_sweep, amor_router})
             if (c->parsed()) return c;
         return nullptr;
     }
@@ -358,8 +387,8 @@ int main(int argc, char** argv) {
     const auto& stray = cl.app.remaining();
     if (!cmd)
         return fail(tool::exit_usage,
-                    stray.empty() ? "no command given (commands: info, generate, score, logits, train, amor-train, amor-trace, amor-sweep; see hymix --help)"
-                                  : "unknown command '" + stray.front() + "' (commands: info, generate, score, logits, train, amor-train, amor-trace, amor-sweep; see hymix --help)");
+                    stray.empty() ? "no command given (commands: info, generate, score, logits, train, amor-train, amor-trace, amor-sweep, amor-router; see hymix --help)"
+                                  : "unknown command '" + stray.front() + "' (commands: info, generate, score, logits, train, amor-train, amor-trace, amor-sweep, amor-router; see hymix --help)");
     if (!cmd->remaining().empty() || !stray.empty()) {
         auto extra = cmd->remaining();
         extra.insert(extra.end(), stray.begin(), stray.end());
@@ -375,6 +404,7 @@ int main(int argc, char** argv) {
         if (cmd == cl.amor_train) return tool::run_amor_train(cl.common, cl.amor);
         if (cmd == cl.amor_trace) return tool::run_amor_trace(cl.common, cl.trace);
         if (cmd == cl.amor_sweep) return tool::run_amor_sweep(cl.common, cl.sweep);
+        if (cmd == cl.amor_router) return tool::run_amor_router(cl.common, cl.router);
         return tool::run_logits(cl.common, cl.logit_files);
     } catch (const tool::usage_error& e) {
         return fail(tool::exit_usage, e.what());

@@ -23,6 +23,7 @@ basic_loaded_model<Model> load_on(const common_options& o) {
             throw usage_error(std::string("--schedule: ") + e.what());
         }
     }
+    if (!o.router.empty() && o.amor.empty()) throw usage_error("--router needs the AMOR blocks it was fitted for (--amor FILE)");
     const auto t0 = clock_type::now();
     using hymix::nonfinite_weights;
     const auto nonfinite = o.allow_nonfinite ? nonfinite_weights::allow : nonfinite_weights::refuse;
@@ -42,6 +43,7 @@ basic_loaded_model<Model> load_on(const common_options& o) {
                               " model, which has no per-token read-out modes (schedules choose the read-out of Oryx models)");
         m.model.set_mode_schedule(*modes);
     }
+    if (!o.router.empty()) m.model.use_entropy_routers(o.router);
     if (o.weights != "f32") m.model.store_weights_as(hymix::parse_weight_dtype(o.weights));
     const double load_s = seconds_since(t0);
     const auto& i = m.model.info();
@@ -50,6 +52,7 @@ basic_loaded_model<Model> load_on(const common_options& o) {
                   i.architecture, i.n_params, i.n_layers, i.schedule, o.weights, static_cast<double>(m.model.weight_bytes()) / 1e6,
                   load_s);
     if (!o.modes.empty()) console::note("modes: {} (per-token read-out schedule)", o.modes);
+    if (!o.router.empty()) console::note("gates: fitted entropy routers from {} (spec.md §5.6)", o.router);
     console::note("system: backend {} | {} of {} threads | SIMD {} ({} fp32 lanes) | oneTBB {} | hymix {}", be.name, be.num_threads(),
                   tbb::info::default_concurrency(), be.arch_name(), be.simd_width(), TBB_VERSION_STRING, HYMIX_TOOL_VERSION);
     return m;

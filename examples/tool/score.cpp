@@ -40,6 +40,10 @@ int run_score(const common_options& c, const score_options& o) {
     const std::int64_t n = o.bytes.value_or(size - offset);
     if (n > size - offset)
         throw usage_error(fmt::format("--bytes {} from --offset {} runs past the end of '{}' ({} bytes)", n, offset, o.text, size));
+    if (n < 2 && !o.offset && !o.bytes)  // the whole file: the input cannot be used (exit 2), the command line is fine
+        throw hymix::value_error(fmt::format("nothing to score: '{}' has {} byte(s); the first byte has no context, so at least 2 are "
+                                             "needed",
+                                             o.text, size));
     if (n < 2)
         throw usage_error(fmt::format("nothing to score: the range [{}, {}) of '{}' ({} bytes) has {} byte(s); the first "
                                       "byte has no context, so at least 2 are needed",

@@ -59,6 +59,7 @@ struct common_options {
     std::string backend = "cpu";   // cpu | ref (the fp64 reference backend: exact, slow)
     bool allow_nonfinite = false;  // load weights holding NaN / Inf (with a warning)
     std::string amor;              // an AMOR file (models/amor.hpp) to add to the backbone in --model; empty = none
+    std::string router;            // a router file for the --amor blocks (models/amor_router.hpp); empty = exact gates
     std::string modes;             // Oryx: a mode schedule (schedule/mode_schedule.hpp parse_mode_schedule); empty = default
     std::string weights = "f32";   // projection weights' storage after loading: f32 | bf16 | f16 | i8 (model::store_weights_as)
 };

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -19,6 +20,7 @@
 #include "hymix/core/error.hpp"
 #include "hymix/core/linear_weight.hpp"
 #include "hymix/core/tensor.hpp"
+#include "hymix/gate/entropy_router.hpp"
 #include "hymix/ops/linear.hpp"
 
 namespace hymix {
@@ -173,7 +175,8 @@ void head_entropy(const B& be, tensor_view<const float, 2> h, const W& head, std
     { detail::head_entropy_impl(be, h, hv, H, form, vocab_tile, row_tile); });
 }
 
-/// The entropy-EMA gate of one AMOR block: fires iff H > τ (strict). Statistics `running_threshold` (m̄) and
+/// The entropy-EMA gate of one AMOR block: fires iff H > τ (strict); at inference H may come from a fitted router
+/// (set_router, spec.md §5.6) instead of the LM head. Statistics `running_threshold` (m̄) and
 /// `running_std` (s̄) are the checkpoint buffers `gate.running_threshold` / `gate.running_std`.
 class entropy_ema {
 public:
@@ -204,6 +207,15 @@ public:
         cfg_.kappa = kappa;
     }
     void set_always_on(bool on) noexcept { cfg_.always_on = on; }
+    /// Inference fires on a fitted router's Ĥ > τ instead of the head's H (spec.md §5.6; null: the exact gate again).
+    /// The statistics and τ are unchanged; training (decide_train) always uses the exact entropy. The per-row scores
+    /// a call reports (block_stats::score) are then Ĥ. Throws shape_error at the next call if the router's d differs
+    /// from the block's.
+    void set_router(std::shared_ptr<const entropy_router> r) noexcept { router_ = std::move(r); }
+    const std::shared_ptr<const entropy_router>& router() const noexcept { return router_; }
+    /// Inference records (ĥ, exact H) of its live rows into `s` (null: stops), the data fit_entropy_router takes.
+    /// Rows are recorded only while no router is set (the exact entropy is needed).
+    void set_sample_tap(std::shared_ptr<router_samples> s) noexcept { tap_ = std::move(s); }
     /// τ from the current statistics.
     float threshold() const noexcept {
         return cfg_.offset_mode == amor_offset_mode::adaptive ? m_ + cfg_.kappa * s_ : m_ + cfg_.gate_offset;
@@ -228,7 +240,12 @@ public:
         if (cfg_.always_on) return std::fill(fire.begin(), fire.end(), static_cast<unsigned char>(1));
         auto& H = ctx.ws.score;
         H.assign(static_cast<std::size_t>(h.dim(0)), 0.0f);
-        head_entropy(ctx.be, h, ctx.head, std::span<float>(H), cfg_.form, cfg_.vocab_tile, cfg_.row_tile);
+        if (router_) {
+            router_->predict(ctx.be, h, std::span<float>(H));
+        } else {
+            head_entropy(ctx.be, h, ctx.head, std::span<float>(H), cfg_.form, cfg_.vocab_tile, cfg_.row_tile);
+            if (tap_) tap_->add(h, H, ctx.batch.live());
+        }
         fire_from(H, fire);
         ctx.ws.score_threshold = threshold();
     }
@@ -251,6 +268,8 @@ public:
 private:
     entropy_ema_config cfg_;
     float m_, s_;
+    std::shared_ptr<const entropy_router> router_;
+    std::shared_ptr<router_samples> tap_;
 };
 
 }  // namespace hymix

@@ -14,7 +14,7 @@
 // Where true-sparse overtakes always-on is the question: the gate's head GEMV (d·V weights per block) is its cost.
 // The fifth variant runs true-sparse with fitted-router gates (spec.md §5.6: W₁ [512, d], nn.Linear-initialised
 // weights from a seed, τ at the 78th percentile of the router's own Ĥ over the same calibration): the gate then costs
-// d·513 + 512 multiply-adds per row and block instead of d·V.
+// d·513 + 512 multiply-adds per row and block instead of d·V (and reads d·513 + 1025 weights instead of d·V).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -206,7 +206,7 @@ void BM_amor_decode(benchmark::State& st) {
                                 static_cast<double>(mc.conv_dim() * mc.d_conv));
         const double blocks = v == backbone_only ? 0.0 : static_cast<double>(n_blocks);
         // entropy_ema::decide skips the head when always on; with a router it reads the router's weights instead.
-        const double gate_w = v == amor_sparse ? d * V : v == amor_router ? d * 513.0 + 512.0 : 0.0;
+        const double gate_w = v == amor_sparse ? d * V : v == amor_router ? d * 513.0 + 1025.0 : 0.0;
         const double ssm = static_cast<double>(s.layers * mc.d_inner() * mc.d_state);
         const double conv = static_cast<double>(s.layers * mc.conv_dim() * (mc.d_conv - 1));
         const double Bd = static_cast<double>(B);

@@ -7,7 +7,7 @@
 # stack as initialised (W_o = 0), at its trained κ, the same blocks always on, and a κ sweep at inference (fire rate
 # against bits/byte). Writes under docs/amor/: results.csv, results.md, sweep_<backbone>_<variant>.csv/.svg, trace.html
 # (`hymix amor-trace` of the κ 0.2 model on the first backbone), and the runs' loss curves
-# (loss_<backbone>_<variant>.csv/.svg).
+# (loss_<backbone>_<variant>.csv/.svg), and the fitted routers of the κ 0.2 models (router_<backbone>_k0.2.csv).
 #
 # Usage: scripts/amor_experiments.sh                   (one command; progress on stderr)
 # Environment: SHARED (../shared), BACKBONES ("kjv-mamba2-byte kjv-gdn-byte"), VARIANTS ("k0.2 k0.77 always"),
@@ -104,6 +104,15 @@ if [ -f "$runs/$first-k0.2/latest" ]; then
     "$tool" amor-trace --model "$shared/models/$first" --amor "$runs/$first-k0.2/$(cat "$runs/$first-k0.2/latest")/amor.safetensors" \
         --text "$text" --bytes 4096 --threads "$sweep_threads" --out "$docs/trace.html" >&2
 fi
+
+# Fitted routers (spec.md §5.6) for each backbone's κ 0.2 model: decisions and bits/byte beside the exact gates.
+for bb in $backbones; do
+    dir=$runs/$bb-k0.2
+    [ -f "$dir/latest" ] || continue
+    "$tool" amor-router --model "$shared/models/$bb" --amor "$dir/$(cat "$dir/latest")/amor.safetensors" --text "$text" \
+        --threads "$sweep_threads" --out "$dir/routers.safetensors" --csv "$docs/router_${bb}_k0.2.csv" >"$dir.router" 2>&1 \
+        || { echo "amor_experiments: amor-router on $bb failed:" >&2; tail -20 "$dir.router" >&2; exit 1; }
+done
 
 # The report.
 {

@@ -427,10 +427,13 @@ int run_amor_trace(const common_options& c, const amor_trace_options& o) {
                      + std::to_string(3 * stats.size()) +
                        "px}.t i{position:absolute;left:0;right:0;height:2px}table{border-collapse:collapse}"
                        "td,th{border:1px solid #bbb;padding:3px 8px;text-align:right}</style></head><body>\n";
-    page += fmt::format("<h1>AMOR trace</h1><p>model {} + {}; text {} bytes [{}, {}). Background: normalised entropy H of block 0 "
+    page += fmt::format("<h1>AMOR trace</h1><p>model {} + {}; text {} bytes [{}, {}). Background: {} of block 0 "
                         "(white 0 → red 1). Bars under a byte: the blocks that fired there.</p>\n",
                         m.dir.filename().string(), std::filesystem::path(c.amor).filename().string(),
-                        std::filesystem::path(o.text).filename().string(), offset, offset + n);
+                        std::filesystem::path(o.text).filename().string(), offset, offset + n,
+                        c.router.empty() ? std::string("normalised entropy H")
+                                         : "the fitted router's estimate Ĥ of the normalised entropy (" +
+                                               std::filesystem::path(c.router).filename().string() + "; clamped to [0, 1] in colour)");
     static const char* colors[] = {"#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2"};
     page += "<table><tr><th>block</th><th>layer</th><th>fired</th><th>fire rate</th><th>τ</th><th>mean H</th></tr>\n";
     for (std::size_t b = 0; b < stats.size(); ++b) {

@@ -2,14 +2,16 @@
 // inference (frozen τ, exact gates) over random windows of the text's training split while every entropy gate records
 // (ĥ, H) of a seeded fraction of its positions; one router per block is fitted to them (train/router_fit.hpp); the
 // held-out part is then scored twice with the same windows, exact gates and routed gates, and the per-block decision
-// agreement, fire rates and R² of Ĥ are reported. The routers go to one file (models/amor_router.hpp) that
-// `--router FILE` hands to generate / score / logits / amor-trace / amor-sweep.
+// agreement and R² of Ĥ (on the exact pass's own block inputs), fire rates and bits/byte of both passes are reported.
+// The routers go to one file (models/amor_router.hpp) that `--router FILE` hands to generate / score / logits /
+// amor-trace.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hymix/backend/cpu.hpp"
@@ -31,7 +33,9 @@ namespace {
 struct block_result {
     std::int64_t layer = 0, samples = 0;
     double train_mse = 0, fit_heldout_mse = 0, fit_r2 = 0;  // the fit's own split of the recorded samples
-    double tau = 0, fire_exact = 0, fire_router = 0, agreement = 0, r2 = 0;  // on the held-out text
+    // On the held-out text: τ, fire rates of the exact and the routed pass, and on the exact pass's block inputs ĥ the
+    // fraction of positions where Ĥ > τ agrees with H > τ and the R² of Ĥ against H.
+    double tau = 0, fire_exact = 0, fire_router = 0, agreement = 0, r2 = 0;
 };
 
 template <class S, class Backbone>
@@ -55,15 +59,15 @@ int fit_routers(const common_options& c, const amor_router_options& o, Backbone 
                   nb, o.samples, 100 * o.keep, o.window, o.text, be.num_threads());
     // 1. Samples from the training split.
     hymix::train::window_sampler sampler(corpus, o.window, o.seed);
-    const std::int64_t V = m.config().vocab_size;
+    const std::int64_t V = m.config().vocab_size, d = m.config().d_model;
     auto all_full = [&] { return std::all_of(taps.begin(), taps.end(), [](const auto& t) { return t->full(); }); };
     std::int64_t tokens = 0;
     const bool tty = console::stderr_is_terminal();
     while (!all_full()) {
         const auto b = sampler.next(8);
         auto cache = m.make_cache(b.n_seq);
-        hymix::tensor<float> logits({b.n_seq * b.seq_len, V});
-        m.forward(be, cache, hymix::seq_batch::dense(b.n_seq, b.seq_len), b.inputs, logits.view<2>());
+        hymix::tensor<float> logits({b.n_seq, V});  // the gates see every position; only the last logits are formed
+        m.forward_last(be, cache, hymix::seq_batch::dense(b.n_seq, b.seq_len), b.inputs, logits.view<2>());
         tokens += b.n_seq * b.seq_len;
         if (tty) console::status(fmt::format("amor-router: recorded {} / {} rows per block ({} tokens run)", taps.front()->rows(), o.samples, tokens));
     }
@@ -94,17 +98,26 @@ int fit_routers(const common_options& c, const amor_router_options& o, Backbone 
         routers.push_back(std::make_shared<const hymix::entropy_router>(std::move(r.router)));
         taps[k].reset();
     }
-    // 3. Held-out: exact gates, then routed gates, on the same windows.
+    // 3. Held-out: exact gates (recording every position's ĥ and H), then routed gates, on the same windows.
     const std::span<const std::uint8_t> text(corpus.bytes);
     const std::int64_t n = std::min<std::int64_t>(o.eval_bytes, corpus.n_heldout());
-    if (n <= o.window)
-        throw usage_error(fmt::format("amor-router: the held-out range has {} byte(s); a --window of {} needs more", n, o.window));
-    const auto exact = hymix::train::evaluate_heldout(be, m, text, corpus.train_end, n, o.window, 8, true);
+    std::vector<std::shared_ptr<hymix::router_samples>> held(nb);
+    {
+        std::size_t k = 0;
+        hymix::models::for_each_entropy_gate(m, [&](hymix::entropy_ema& g) {
+            held[k] = std::make_shared<hymix::router_samples>();
+            held[k]->max_rows = std::min(n, o.samples);  // memory as the recording's; keep 1: the first positions
+            g.set_sample_tap(held[k++]);
+        });
+    }
+    const auto exact = hymix::train::evaluate_heldout(be, m, text, corpus.train_end, n, o.window, 8);
+    hymix::models::for_each_entropy_gate(m, [](hymix::entropy_ema& g) { g.set_sample_tap(nullptr); });
     hymix::models::attach_entropy_routers(m, routers, o.out.string());
-    const auto routed = hymix::train::evaluate_heldout(be, m, text, corpus.train_end, n, o.window, 8, true);
+    const auto routed = hymix::train::evaluate_heldout(be, m, text, corpus.train_end, n, o.window, 8);
     for (std::size_t k = 0; k < nb; ++k) {
-        const auto& He = exact.scores.at(k);
-        const auto& Hr = routed.scores.at(k);
+        const auto& He = held[k]->H;
+        std::vector<float> Hr(He.size());
+        routers[k]->predict(be, hymix::tensor_view<const float, 2>(held[k]->h.data(), {held[k]->rows(), d}), Hr);
         res[k].layer = exact.gated_layers.at(k);
         res[k].fire_exact = exact.fire_rate.at(k);
         res[k].fire_router = routed.fire_rate.at(k);
@@ -114,13 +127,13 @@ int fit_routers(const common_options& c, const amor_router_options& o, Backbone 
             agree += (He[i] > res[k].tau) == (Hr[i] > res[k].tau);
             mean += He[i];
         }
-        mean /= static_cast<double>(He.size());
+        mean /= static_cast<double>(std::max<std::size_t>(1, He.size()));
         for (std::size_t i = 0; i < He.size(); ++i) se += (Hr[i] - He[i]) * (Hr[i] - He[i]), var += (He[i] - mean) * (He[i] - mean);
-        res[k].agreement = static_cast<double>(agree) / static_cast<double>(He.size());
+        res[k].agreement = static_cast<double>(agree) / static_cast<double>(std::max<std::size_t>(1, He.size()));
         res[k].r2 = var > 0 ? 1 - se / var : 0;
+        held[k].reset();
     }
     // 4. Report and write.
-    const std::int64_t d = m.config().d_model;
     const double head_flops = 2.0 * static_cast<double>(d * V), router_flops = 2.0 * static_cast<double>(routers.front()->macs_per_row());
     fmt::print("held-out bytes [{}, {}) of '{}', window {}: bits/byte exact gates {:.5f}, routed gates {:.5f} ({:+.5f})\n", corpus.train_end,
                corpus.train_end + n, o.text, o.window, exact.bits_per_byte, routed.bits_per_byte, routed.bits_per_byte - exact.bits_per_byte);
@@ -128,6 +141,8 @@ int fit_routers(const common_options& c, const amor_router_options& o, Backbone 
                "work ({})\n",
                head_flops, d, V, router_flops, router_flops / head_flops,
                router_flops < head_flops ? "it pays" : "it does not pay at this vocabulary: keep the exact gate");
+    fmt::print("per block: the fit on its held-out share of the recorded positions; on the held-out text, τ, the fire rates of the exact "
+               "and the routed pass, and Ĥ against H on the exact pass's block inputs (decision agreement, R²)\n");
     fmt::print("{:>5} {:>5} {:>8} {:>10} {:>8} {:>8} {:>10} {:>11} {:>9} {:>8}\n", "block", "layer", "samples", "fit MSE", "fit R²", "τ",
                "fire exact", "fire router", "agreement", "R² text");
     for (std::size_t k = 0; k < nb; ++k) {
@@ -140,6 +155,7 @@ int fit_routers(const common_options& c, const amor_router_options& o, Backbone 
                            {"samples_per_block", o.samples},
                            {"epochs", o.epochs},
                            {"seed", o.seed},
+                           {"vocab_size", V},
                            {"heldout_bits_per_byte_exact", exact.bits_per_byte},
                            {"heldout_bits_per_byte_routed", routed.bits_per_byte}};
     hymix::models::save_entropy_routers(routers, o.out, info);
@@ -163,15 +179,23 @@ int fit_routers(const common_options& c, const amor_router_options& o, Backbone 
 int run_amor_router(const common_options& c, const amor_router_options& o) {
     if (c.backend != "cpu") throw usage_error("amor-router runs on the cpu backend only (--backend " + c.backend + ")");
     if (c.amor.empty()) throw usage_error("amor-router needs --amor FILE (the trained AMOR blocks) and the backbone as --model");
-    if (!c.router.empty()) throw usage_error("amor-router fits routers; --router loads them (give the file to write as --out)");
-    if (c.weights != "f32") throw usage_error("amor-router fits on the f32 model (--weights " + c.weights + ")");
     if (o.text.empty()) throw usage_error("amor-router needs --text FILE (windows of its training split; its last 5% is held out)");
-    for (const auto& p : {o.out, o.csv}) {
+    // Outputs checked before minutes of work: a folder that exists, not a directory, not one of the inputs.
+    for (const auto& [p, what] : {std::pair{o.out, "--out"}, std::pair{o.csv, "--csv"}}) {
         if (p.empty()) continue;
         std::error_code ec;
+        if (std::filesystem::is_directory(p, ec)) throw usage_error(fmt::format("{} '{}' is a directory; give a file name", what, p.string()));
         const auto parent = p.parent_path();
         if (!parent.empty() && !std::filesystem::is_directory(parent, ec))
-            throw usage_error(fmt::format("'{}': the folder '{}' does not exist", p.string(), parent.string()));
+            throw usage_error(fmt::format("{} '{}': the folder '{}' does not exist", what, p.string(), parent.string()));
+        for (const auto& [in, in_what] : {std::pair{std::filesystem::path(c.amor), "--amor"}, std::pair{std::filesystem::path(o.text), "--text"}})
+            if (std::filesystem::equivalent(p, in, ec))
+                throw usage_error(fmt::format("{} '{}' would overwrite the {} file", what, p.string(), in_what));
+    }
+    {
+        std::error_code ec;
+        if (!o.csv.empty() && (o.csv == o.out || std::filesystem::equivalent(o.csv, o.out, ec)))
+            throw usage_error("--csv and --out name the same file");
     }
     const auto dir = resolve_model_dir(c.model);
     hymix::models::checkpoint_reader rd(dir);
@@ -191,6 +215,10 @@ int run_amor_router(const common_options& c, const amor_router_options& o) {
     if (corpus.n_train() < o.window + 1)
         throw usage_error(fmt::format("amor-router: the training split of '{}' has {} bytes; a --window of {} needs more", o.text, corpus.n_train(),
                                       o.window));
+    if (std::min<std::int64_t>(o.eval_bytes, corpus.n_heldout()) <= o.window)
+        throw usage_error(fmt::format("amor-router: the held-out range has {} byte(s) (the last 5% of '{}', at most --eval-bytes {}); a --window "
+                                      "of {} needs more",
+                                      std::min<std::int64_t>(o.eval_bytes, corpus.n_heldout()), o.text, o.eval_bytes, o.window));
     if (mt == "mamba2")
         return fit_routers<hymix::models::amor_mamba2_stack<>>(c, o, hymix::models::load_hf_mamba2<hymix::models::hf_mamba2_stack>(rd), corpus);
     return fit_routers<hymix::models::amor_gdn_stack<>>(c, o, hymix::models::load_hf_qwen3_5<hymix::models::qwen3_5_gdn_stack>(rd), corpus);

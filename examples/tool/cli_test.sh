@@ -345,6 +345,14 @@ amor)
     expect 1 "always-on blocks: they have no entropy gate" amor-router -m "$bb" --amor "$work/aa/checkpoint-2/amor.safetensors" \
         --text "$work/text.txt"
     expect 1 "amor-router needs --amor" amor-router -m "$bb" --text "$work/text.txt"
+    # Refused before any work: an output over the AMOR file or a directory; a router file for another block count; routers
+    # with always-on blocks; amor-sweep takes no --router.
+    expect 1 "--out '.*amor.safetensors' would overwrite the --amor file" amor-router -m "$bb" --amor "$amor" --text "$work/text.txt" --out "$amor"
+    expect 1 "--out '.*' is a directory" amor-router -m "$bb" --amor "$amor" --text "$work/text.txt" --out "$work"
+    expect 1 "the held-out range has 2048 byte\(s\)" amor-router -m "$bb" --amor "$amor" --text "$work/text.txt" --eval-bytes 2048 --window 4096
+    expect 2 "always on \(every token attends\)" score -m "$bb" --amor "$work/aa/checkpoint-2/amor.safetensors" --router "$work/routers.safetensors" \
+        --text "$work/text.txt" --bytes 600
+    expect 1 "--router" amor-sweep -m "$bb" --amor "$amor" --router "$work/routers.safetensors" --text "$work/text.txt"
     ;;
 *)
     echo "unknown group $group"

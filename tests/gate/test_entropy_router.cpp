@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <random>
@@ -54,6 +55,19 @@ TEST_CASE("predict equals the double-precision reference on odd sizes, both back
         CHECK(test::rel_error(a, ref) < 1e-5);
         CHECK(test::rel_error(b, ref) < 1e-6);
         CHECK(r.macs_per_row() == d * (hid + 1) + hid);
+    }
+    // A row stride wider than d (a view of a wider buffer) gives the same values; no rows is fine.
+    {
+        const entropy_router r(random_weights(6, 5, 9));
+        const auto wide = test::uniform(4 * 10, -1.f, 1.f, 10);
+        std::vector<float> packed(4 * 6);
+        for (int i = 0; i < 4; ++i) std::copy_n(wide.begin() + i * 10, 6, packed.begin() + i * 6);
+        std::vector<float> a(4), b(4), none;
+        r.predict(cpu_backend(1), tensor_view<const float, 2>(wide.data(), {4, 6}, {10, 1}), a);
+        r.predict(cpu_backend(1), tensor_view<const float, 2>(packed.data(), {4, 6}), b);
+        CHECK(a == b);
+        CHECK_NOTHROW(r.predict(cpu_backend(1), tensor_view<const float, 2>(packed.data(), {0, 6}), none));
+        CHECK_THROWS_AS(r.predict(cpu_backend(1), tensor_view<const float, 2>(wide.data(), {4, 6}, {1, 4}), a), shape_error);
     }
     const entropy_router r(random_weights(8, 4, 1));
     std::vector<float> x(3 * 9), out(3);
@@ -141,6 +155,21 @@ TEST_CASE("fitting recovers a router-shaped target (held-out R² > 0.97) and is 
     one.h.assign(static_cast<std::size_t>(d), 0.f);
     one.H = {0.5f};
     CHECK_THROWS_AS(train::fit_entropy_router(cpu_backend(1), one, o), value_error);
+    // A learning rate that blows the fit up is reported as such, not as non-finite weights.
+    auto wild = o;
+    wild.lr = 1e36;
+    wild.epochs = 2;
+    try {
+        train::fit_entropy_router(cpu_backend(1), s, wild);
+        FAIL("a diverging fit was accepted");
+    } catch (const nonfinite_error&) {  // (a value_error too: caught first)
+        FAIL("divergence reported as nonfinite_error");
+    } catch (const value_error& e) {
+        CHECK(std::string(e.what()).find("lower the learning rate") != std::string::npos);
+    }
+    auto short_h = s;
+    short_h.h.resize(short_h.h.size() - 1);
+    CHECK_THROWS_AS(train::fit_entropy_router(cpu_backend(1), short_h, o), shape_error);
     s.H[7] = std::nanf("");
     CHECK_THROWS_AS(train::fit_entropy_router(cpu_backend(1), s, o), nonfinite_error);
 }
@@ -200,6 +229,12 @@ TEST_CASE("a gate with a router fires on Ĥ > τ and reports Ĥ; without one it 
     g.set_router(nullptr);
     g.decide(ctx, h, fire);
     CHECK(ws.score == exact);
+    // Inconsistent sizes and a keep fraction outside (0, 1] are refused.
+    router_samples bad;
+    CHECK_THROWS_AS(bad.add(h, std::span<const float>(exact).first(3), vb.live()), shape_error);
+    CHECK_THROWS_AS(bad.add(h, exact, std::span<const unsigned char>(vb.live()).first(2)), shape_error);
+    bad.keep = 1.5;
+    CHECK_THROWS_AS(bad.add(h, exact, vb.live()), value_error);
 }
 
 TEST_CASE("router file: round trip, and clear errors for missing or misshapen tensors and foreign files") {
@@ -253,5 +288,33 @@ TEST_CASE("router file: round trip, and clear errors for missing or misshapen te
         w.write(dir / "foreign.safetensors");
     }
     CHECK_THROWS_AS(models::load_entropy_routers(dir / "foreign.safetensors"), format_error);
+    {
+        auto w = random_weights(10, 6, 50);
+        tensor<float> nan_bias({6});
+        nan_bias.fill(std::nanf(""));
+        safetensors::writer f;
+        f.add("amor_blocks.0.router.fc1.weight", w.fc1_weight).add("amor_blocks.0.router.fc1.bias", nan_bias);
+        f.add("amor_blocks.0.router.fc2.weight", w.fc2_weight).add("amor_blocks.0.router.fc2.bias", w.fc2_bias);
+        f.add("amor_blocks.0.router.skip.weight", w.skip_weight);
+        f.set_metadata("format", "hymix-amor-router");
+        f.set_metadata("config", R"({"n_amor_blocks": 1, "d_model": 10, "hidden": 6, "vocab_size": 300})");
+        f.write(dir / "nan.safetensors");
+        try {
+            models::load_entropy_routers(dir / "nan.safetensors");
+            FAIL("accepted");
+        } catch (const nonfinite_error& e) {
+            CHECK(std::string(e.what()).find("nan.safetensors: block 0: entropy_router: fc1.bias") != std::string::npos);
+        }
+        safetensors::writer j;
+        j.add("amor_blocks.0.router.fc1.weight", w.fc1_weight);
+        j.set_metadata("format", "hymix-amor-router");
+        j.set_metadata("config", "{not json");
+        j.write(dir / "json.safetensors");
+        CHECK_THROWS_AS(models::load_entropy_routers(dir / "json.safetensors"), format_error);
+    }
+    std::vector<std::shared_ptr<const entropy_router>> with_null{rs[0], nullptr};
+    CHECK_THROWS_AS(models::save_entropy_routers(with_null, dir / "n.safetensors"), value_error);
+    models::save_entropy_routers(rs, dir / "v.safetensors", {{"vocab_size", 300}});
+    CHECK(models::read_entropy_routers(dir / "v.safetensors").vocab_size() == 300);
     std::filesystem::remove_all(dir);
 }

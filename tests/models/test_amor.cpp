@@ -275,10 +275,22 @@ TEST_CASE("fitted routers on an AMOR stack (spec.md §5.6): taps record what the
     auto ca = m.make_cache(2);
     m.forward(be, ca, seq_batch::dense(2, T), fresh, exact.view<2>());
     CHECK(test::max_abs_diff(routed.span(), exact.span()) == 0.0);
-    // Counts and widths must match the model.
-    CHECK_THROWS_AS(models::attach_entropy_routers(m, std::vector<std::shared_ptr<const entropy_router>>(high.begin(), high.begin() + 2)), config_error);
+    // Always-on gates compute no entropy: routers for them are refused.
+    try {
+        models::attach_entropy_routers(m, high, "r.safetensors");
+        FAIL("routers attached to always-on gates");
+    } catch (const config_error& e) {
+        CHECK(std::string(e.what()).find("always on") != std::string::npos);
+    }
+    models::for_each_entropy_gate(m, [](entropy_ema& g) { g.set_always_on(false); });
+    // Counts, widths and the head's vocabulary must match the model.
+    CHECK_THROWS_WITH_AS(models::attach_entropy_routers(m, std::vector<std::shared_ptr<const entropy_router>>(high.begin(), high.begin() + 2), "r"),
+                         "r: 2 router(s) for a model with 3 entropy gate(s)", config_error);
     std::vector<std::shared_ptr<const entropy_router>> wide(3, std::make_shared<const entropy_router>(train::init_entropy_router_weights(48, 8, 2)));
-    CHECK_THROWS_AS(models::attach_entropy_routers(m, wide), config_error);
+    CHECK_THROWS_WITH_AS(models::attach_entropy_routers(m, wide, "r"), "r: routers for d_model 48, the model has d_model 32", config_error);
+    CHECK_THROWS_WITH_AS(models::attach_entropy_routers(m, high, "r.safetensors", 41),
+                         "r.safetensors: routers fitted for a head of vocabulary 41, the model's has 40", config_error);
+    CHECK_NOTHROW(models::attach_entropy_routers(m, high, "r.safetensors", 40));
 }
 
 TEST_CASE("AMOR gradients on a frozen backbone: finite differences (always-on) and no backbone gradient") {

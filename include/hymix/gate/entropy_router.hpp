@@ -4,8 +4,9 @@
 // so that an entropy_ema gate can fire on Ĥ > τ (the same frozen τ) without the d × V LM-head pass. It pays where the
 // head is wide: per row the exact gate costs 2·d·V multiply-adds' worth of FLOPs and reads d·V head weights, the
 // router 2·d·(hidden + 1) + 2·hidden and d·(hidden + 1) weights, so it is cheaper once V > hidden + 1 (513 with the
-// default width): byte-level models (V = 256) keep the exact gate, 32K–150K-token vocabularies gain 60–300× on the
-// gate. Fitting is in train/router_fit.hpp, the per-block file in models/amor_router.hpp.
+// default width): byte-level models (V = 256) keep the exact gate, 32K–150K-token vocabularies do 60–290× less gate
+// work. (The exact gate's `plus_eps` form passes over the head twice, which halves the break-even.) The router is a
+// function of the gate's input only: it stands in for one backbone's LM head, whatever AMOR blocks feed it. Fitting is in train/router_fit.hpp, the per-block file in models/amor_router.hpp.
 #pragma once
 
 #include <cmath>
@@ -22,6 +23,7 @@
 #include "hymix/ops/linear.hpp"
 
 namespace hymix {
+// (router_samples::add reserves max_rows rows on first use: keep max_rows near what will be recorded.)
 
 /// The router's parameters, PyTorch nn.Linear layouts: fc1 [hidden, d] + bias [hidden], fc2 [1, hidden] + bias [1],
 /// skip [d] (a linear skip without bias). All fp32.
@@ -68,6 +70,8 @@ public:
     void predict(const B& be, tensor_view<const float, 2> h, std::span<float> out) const {
         const std::int64_t n = h.dim(0), d = d_model(), hid = hidden();
         if (h.dim(1) != d) throw shape_error("entropy_router::predict: rows of width " + std::to_string(h.dim(1)) + ", the router takes d = " + std::to_string(d));
+        if (n > 0 && d > 1 && h.strides[1] != 1)
+            throw shape_error("entropy_router::predict: h must have a unit inner stride, found " + std::to_string(h.strides[1]));
         if (static_cast<std::int64_t>(out.size()) != n)
             throw shape_error("entropy_router::predict: out has " + std::to_string(out.size()) + " entries for " + std::to_string(n) + " rows");
         if (n == 0) return;
@@ -84,6 +88,8 @@ public:
     /// The same in double precision with plain loops (the reference the tests compare predict with).
     std::vector<double> predict_reference(tensor_view<const float, 2> h) const {
         const std::int64_t n = h.dim(0), d = d_model(), hid = hidden();
+        if (h.dim(1) != d)
+            throw shape_error("entropy_router::predict_reference: rows of width " + std::to_string(h.dim(1)) + ", the router takes d = " + std::to_string(d));
         std::vector<double> out(static_cast<std::size_t>(n));
         for (std::int64_t r = 0; r < n; ++r) {
             double y = w_.fc2_bias[0];
@@ -103,7 +109,9 @@ private:
 };
 
 /// (ĥ, H) pairs recorded by an entropy_ema gate at inference (entropy_ema::set_sample_tap), the data a router is
-/// fitted on: every live row is kept with probability `keep` (a seeded draw), until `max_rows` rows are held.
+/// fitted on: every live row is kept with probability `keep` (a seeded draw), until `max_rows` rows are held. Not
+/// synchronised: one forward at a time may write to it (gates that share a tap, e.g. copies of a stack, must not run
+/// concurrently).
 struct router_samples {
     std::int64_t d_model = 0;  ///< set by the first add
     std::vector<float> h;      ///< [rows, d_model], row-major
@@ -114,14 +122,24 @@ struct router_samples {
 
     std::int64_t rows() const noexcept { return static_cast<std::int64_t>(H.size()); }
     bool full() const noexcept { return rows() >= max_rows; }
-    /// Records the live rows of x [n, d] with their entropies H [n]. Throws shape_error when d changes between calls.
+    /// Records the live rows of x [n, d] with their entropies H [n] (live: n flags, or empty for all rows). Throws
+    /// shape_error when d changes between calls or the sizes disagree, value_error for `keep` outside (0, 1].
     void add(tensor_view<const float, 2> x, std::span<const float> Hs, std::span<const unsigned char> live) {
         if (d_model == 0) d_model = x.dim(1);
         if (x.dim(1) != d_model)
             throw shape_error("router_samples: rows of width " + std::to_string(x.dim(1)) + " after rows of width " + std::to_string(d_model));
+        const auto n = static_cast<std::size_t>(x.dim(0));
+        if (Hs.size() != n || (!live.empty() && live.size() != n))
+            throw shape_error("router_samples: " + std::to_string(n) + " rows with " + std::to_string(Hs.size()) + " entropies and " +
+                              std::to_string(live.size()) + " live flags");
+        if (!(keep > 0 && keep <= 1)) throw value_error("router_samples: keep must lie in (0, 1], found " + std::to_string(keep));
+        if (h.empty() && max_rows > 0) {
+            h.reserve(static_cast<std::size_t>(max_rows * d_model));
+            H.reserve(static_cast<std::size_t>(max_rows));
+        }
         std::bernoulli_distribution take(keep);
         for (std::int64_t r = 0; r < x.dim(0) && !full(); ++r) {
-            if (static_cast<std::size_t>(r) >= Hs.size() || (static_cast<std::size_t>(r) < live.size() && !live[static_cast<std::size_t>(r)])) continue;
+            if (!live.empty() && !live[static_cast<std::size_t>(r)]) continue;
             if (keep < 1.0 && !take(rng)) continue;
             for (std::int64_t k = 0; k < d_model; ++k) h.push_back(x(r, k));
             H.push_back(Hs[static_cast<std::size_t>(r)]);

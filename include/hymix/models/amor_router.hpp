@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -34,11 +35,14 @@ void for_each_entropy_gate(S& m, F&& f) {
 }
 
 /// Writes `routers` (block i's router at index i; all of one d and hidden) to `path`, atomically; `info` is merged
-/// into the config entry (e.g. the fit's errors and the AMOR file it was fitted for). Throws value_error for an empty
-/// list or routers of different sizes, io_error when the file cannot be written.
+/// into the config entry (e.g. the fit's errors, `vocab_size` of the head the routers stand in for, and the AMOR file
+/// they were fitted for). Throws value_error for an empty list, a null entry or routers of different sizes, io_error
+/// when the file cannot be written.
 inline void save_entropy_routers(const std::vector<std::shared_ptr<const entropy_router>>& routers, const std::filesystem::path& path,
                                  nlohmann::json info = nlohmann::json::object()) {
     if (routers.empty()) throw value_error("save_entropy_routers: no routers to write");
+    for (std::size_t i = 0; i < routers.size(); ++i)
+        if (!routers[i]) throw value_error("save_entropy_routers: router " + std::to_string(i) + " is null (a file holds one router per block)");
     const std::int64_t d = routers.front()->d_model(), hid = routers.front()->hidden();
     safetensors::writer w;
     for (std::size_t i = 0; i < routers.size(); ++i) {
@@ -61,9 +65,17 @@ inline void save_entropy_routers(const std::vector<std::shared_ptr<const entropy
     w.write(path);
 }
 
+/// A router file's contents: one router per block and the file's config entry.
+struct router_file {
+    std::vector<std::shared_ptr<const entropy_router>> routers;
+    nlohmann::json config;
+    /// The vocabulary of the head the routers stand in for (0 when the file does not say).
+    std::int64_t vocab_size() const { return config.value("vocab_size", std::int64_t{0}); }
+};
+
 /// Reads a router file. Throws io_error / format_error (not a router file, a missing tensor), shape_error (a tensor
 /// of the wrong shape, naming file, tensor, expected and found), nonfinite_error (a NaN / Inf weight).
-inline std::vector<std::shared_ptr<const entropy_router>> load_entropy_routers(const std::filesystem::path& path) {
+inline router_file read_entropy_routers(const std::filesystem::path& path) {
     const safetensors::file f(path);
     const auto fmt = f.metadata().find("format");
     const auto cfg = f.metadata().find("config");
@@ -96,15 +108,28 @@ inline std::vector<std::shared_ptr<const entropy_router>> load_entropy_routers(c
             throw nonfinite_error(path.string() + ": block " + std::to_string(i) + ": " + e.what());
         }
     }
-    return out;
+    return {std::move(out), std::move(j)};
+}
+/// The routers of a router file (read_entropy_routers without the config).
+inline std::vector<std::shared_ptr<const entropy_router>> load_entropy_routers(const std::filesystem::path& path) {
+    return read_entropy_routers(path).routers;
 }
 
 /// Sets routers[i] on the i-th entropy_ema gate of m (null entries: that gate keeps the exact entropy). Throws
-/// config_error when the counts or d_model differ (nothing is changed then).
+/// config_error when the counts or d_model differ, when the routers were fitted for a head of another vocabulary
+/// (`vocab_size` > 0 and not the model's), or when a gate is always on (it computes no entropy for a router to stand
+/// in for); nothing is changed then.
 template <class S>
-void attach_entropy_routers(S& m, const std::vector<std::shared_ptr<const entropy_router>>& routers, const std::string& origin = "routers") {
+void attach_entropy_routers(S& m, const std::vector<std::shared_ptr<const entropy_router>>& routers, const std::string& origin = "routers",
+                            std::int64_t vocab_size = 0) {
+    if (vocab_size > 0 && vocab_size != m.config().vocab_size)
+        throw config_error(origin + ": routers fitted for a head of vocabulary " + std::to_string(vocab_size) + ", the model's has " +
+                           std::to_string(m.config().vocab_size));
     std::int64_t gates = 0;
-    for_each_entropy_gate(m, [&](entropy_ema&) { ++gates; });
+    bool always = false;
+    for_each_entropy_gate(m, [&](entropy_ema& g) { ++gates, always = always || g.config().always_on; });
+    if (always && !routers.empty())
+        throw config_error(origin + ": the model's gates are always on (every token attends): there is no entropy for a router to estimate");
     if (gates != static_cast<std::int64_t>(routers.size()))
         throw config_error(origin + ": " + std::to_string(routers.size()) + " router(s) for a model with " + std::to_string(gates) + " entropy gate(s)");
     for (const auto& r : routers)

@@ -63,7 +63,8 @@ struct any_stack {
     virtual void store_weights_as(dtype) = 0;
     virtual dtype weight_dtype() const = 0;
     virtual std::size_t weight_bytes() const = 0;
-    virtual void set_entropy_routers(const std::vector<std::shared_ptr<const entropy_router>>&, const std::string& origin) = 0;
+    virtual void set_entropy_routers(const std::vector<std::shared_ptr<const entropy_router>>&, const std::string& origin,
+                                     std::int64_t vocab_size) = 0;
 };
 
 template <class B, class Stack>
@@ -97,9 +98,10 @@ struct stack_holder final : any_stack<B> {
     void store_weights_as(dtype d) override { m.store_weights_as(d); }
     dtype weight_dtype() const override { return m.weight_dtype(); }
     std::size_t weight_bytes() const override { return m.weight_bytes(); }
-    void set_entropy_routers(const std::vector<std::shared_ptr<const entropy_router>>& r, const std::string& origin) override {
+    void set_entropy_routers(const std::vector<std::shared_ptr<const entropy_router>>& r, const std::string& origin,
+                             std::int64_t vocab_size) override {
         if (r.empty()) return models::for_each_entropy_gate(m, [](entropy_ema& g) { g.set_router(nullptr); });  // exact gates again
-        models::attach_entropy_routers(m, r, origin);
+        models::attach_entropy_routers(m, r, origin, vocab_size);
     }
     void forward(const B& be, any_cache& c, const seq_batch& b, std::span<const std::int32_t> tok,
                  tensor_view<float, 2> logits, bool last_only, std::span<const unsigned char> modes) const override {
@@ -229,10 +231,12 @@ public:
     std::size_t weight_bytes() const { return impl_->weight_bytes(); }
     /// AMOR models: the entropy gates fire on the fitted routers of `router_file` (models/amor_router.hpp, spec.md §5.6)
     /// instead of the LM head's entropy, with the same τ; an empty path restores the exact gates. Throws as
-    /// load_entropy_routers, and config_error when the model's entropy gates or d_model do not match the file.
+    /// read_entropy_routers, and config_error as attach_entropy_routers (gate count, d_model, vocabulary, always-on
+    /// gates).
     void use_entropy_routers(const std::filesystem::path& router_file) {
-        if (router_file.empty()) return impl_->set_entropy_routers({}, "");
-        impl_->set_entropy_routers(models::load_entropy_routers(router_file), router_file.string());
+        if (router_file.empty()) return impl_->set_entropy_routers({}, "", 0);
+        const auto f = models::read_entropy_routers(router_file);
+        impl_->set_entropy_routers(f.routers, router_file.string(), f.vocab_size());
     }
     /// Statistics of the gated blocks of the last forward call on cache `c` (one entry per gated block: layer, gate,
     /// rows, fired rows and per-row scores such as AMOR's normalised entropies). Empty for ungated models.

@@ -37,7 +37,7 @@ struct router_fit_options {
         if (hidden < 1) throw config_error("fit_entropy_router: hidden must be positive, found " + std::to_string(hidden));
         if (epochs < 1 || batch < 1) throw config_error("fit_entropy_router: epochs and batch must be positive");
         if (!(lr > 0) || !std::isfinite(lr)) throw config_error("fit_entropy_router: lr must be positive and finite");
-        if (!(weight_decay >= 0)) throw config_error("fit_entropy_router: weight_decay must be >= 0");
+        if (!(weight_decay >= 0) || !std::isfinite(weight_decay)) throw config_error("fit_entropy_router: weight_decay must be >= 0");
         if (!(heldout_fraction >= 0 && heldout_fraction < 1)) throw config_error("fit_entropy_router: heldout_fraction must lie in [0, 1)");
     }
 };
@@ -118,6 +118,9 @@ router_fit_result fit_entropy_router(const B& be, const router_samples& s, route
     o.validate();
     const std::int64_t N = s.rows(), d = s.d_model, hid = o.hidden;
     if (N < 2 || d < 1) throw value_error("fit_entropy_router: " + std::to_string(N) + " sample row(s); at least 2 are needed");
+    if (s.h.size() != static_cast<std::size_t>(N * d))
+        throw shape_error("fit_entropy_router: " + std::to_string(s.h.size()) + " input values for " + std::to_string(N) + " rows of width " +
+                          std::to_string(d));
     for (float v : s.H)
         if (!std::isfinite(v)) throw nonfinite_error("fit_entropy_router: a target entropy is " + std::to_string(v));
     for (float v : s.h)
@@ -178,6 +181,9 @@ router_fit_result fit_entropy_router(const B& be, const router_samples& s, route
             const double lr = o.lr * (0.1 + 0.9 * 0.5 * (1 + std::cos(pi * static_cast<double>(step) / static_cast<double>(total))));
             opt.update(ps, lr);
         }
+        if (!std::isfinite(epoch_loss))
+            throw value_error("fit_entropy_router: the fit diverged in epoch " + std::to_string(e) + " (loss " + std::to_string(epoch_loss) +
+                              "); lower the learning rate (" + std::to_string(o.lr) + ")");
         if (o.progress) o.progress(e, epoch_loss / static_cast<double>(n_train), mse_of(w, held_rows));
     }
     router_fit_result r{entropy_router(std::move(w)), n_train, n_held, 0, 0, 0};

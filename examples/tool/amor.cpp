@@ -334,20 +334,11 @@ int run_amor_sweep(const common_options& c, const amor_sweep_options& opt) {
     amor_sweep_options o = opt;
     o.kappas = unique_in_order(o.kappas);
     o.windows = unique_in_order(o.windows);
-    const auto dir = resolve_model_dir(c.model);
-    hymix::models::checkpoint_reader rd(dir);
-    const auto mt = rd.config().value("model_type", "");
-    const auto trained = hymix::models::read_amor_config(c.amor);
-    hymix::models::require_amor_backbone(trained, mt, c.amor, rd.config_path());
-    const std::string hint = "; pass --allow-nonfinite to load it anyway";
-    if (c.allow_nonfinite) {
-        warn_nonfinite_weights(dir, c.amor);
-    } else {
-        hymix::models::require_finite_weights(rd.weights(), hint);
-        hymix::models::require_finite_weights(hymix::safetensors::file(c.amor), hint);
-    }
+    auto in = open_amor_inputs(c);
+    auto& rd = in.reader;
+    const auto& trained = in.amor;
     const auto corpus = hymix::train::byte_corpus::load(o.text);
-    if (mt == "mamba2")
+    if (in.model_type == "mamba2")
         return sweep_amor<hymix::models::amor_mamba2_stack<>>(c, o, hymix::models::load_hf_mamba2<hymix::models::hf_mamba2_stack>(rd), trained,
                                                               corpus);
     return sweep_amor<hymix::models::amor_gdn_stack<>>(c, o, hymix::models::load_hf_qwen3_5<hymix::models::qwen3_5_gdn_stack>(rd), trained,

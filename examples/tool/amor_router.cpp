@@ -197,20 +197,9 @@ int run_amor_router(const common_options& c, const amor_router_options& o) {
         if (!o.csv.empty() && (o.csv == o.out || std::filesystem::equivalent(o.csv, o.out, ec)))
             throw usage_error("--csv and --out name the same file");
     }
-    const auto dir = resolve_model_dir(c.model);
-    hymix::models::checkpoint_reader rd(dir);
-    const auto mt = rd.config().value("model_type", "");
-    const auto trained = hymix::models::read_amor_config(c.amor);
-    hymix::models::require_amor_backbone(trained, mt, c.amor, rd.config_path());
-    if (trained.always_on)
-        throw usage_error(c.amor + " holds always-on blocks: they have no entropy gate for a router to stand in for");
-    const std::string hint = "; pass --allow-nonfinite to load it anyway";
-    if (c.allow_nonfinite) {
-        warn_nonfinite_weights(dir, c.amor);
-    } else {
-        hymix::models::require_finite_weights(rd.weights(), hint);
-        hymix::models::require_finite_weights(hymix::safetensors::file(c.amor), hint);
-    }
+    auto in = open_amor_inputs(c);
+    auto& rd = in.reader;
+    if (in.amor.always_on) throw usage_error(c.amor + " holds always-on blocks: they have no entropy gate for a router to stand in for");
     const auto corpus = hymix::train::byte_corpus::load(o.text);
     if (corpus.n_train() < o.window + 1)
         throw usage_error(fmt::format("amor-router: the training split of '{}' has {} bytes; a --window of {} needs more", o.text, corpus.n_train(),
@@ -219,7 +208,7 @@ int run_amor_router(const common_options& c, const amor_router_options& o) {
         throw usage_error(fmt::format("amor-router: the held-out range has {} byte(s) (the last 5% of '{}', at most --eval-bytes {}); a --window "
                                       "of {} needs more",
                                       std::min<std::int64_t>(o.eval_bytes, corpus.n_heldout()), o.text, o.eval_bytes, o.window));
-    if (mt == "mamba2")
+    if (in.model_type == "mamba2")
         return fit_routers<hymix::models::amor_mamba2_stack<>>(c, o, hymix::models::load_hf_mamba2<hymix::models::hf_mamba2_stack>(rd), corpus);
     return fit_routers<hymix::models::amor_gdn_stack<>>(c, o, hymix::models::load_hf_qwen3_5<hymix::models::qwen3_5_gdn_stack>(rd), corpus);
 }

@@ -67,6 +67,22 @@ void warn_nonfinite_weights(const std::filesystem::path& dir, const std::string&
             console::note("hymix: warning: {} (loaded anyway: --allow-nonfinite)", bad.describe());
 }
 
+amor_inputs open_amor_inputs(const common_options& c) {
+    auto dir = resolve_model_dir(c.model);
+    hymix::models::checkpoint_reader rd(dir);
+    auto mt = rd.config().value("model_type", "");
+    auto trained = hymix::models::read_amor_config(c.amor);
+    hymix::models::require_amor_backbone(trained, mt, c.amor, rd.config_path());
+    const std::string hint = "; pass --allow-nonfinite to load it anyway";
+    if (c.allow_nonfinite) {
+        warn_nonfinite_weights(dir, c.amor);
+    } else {
+        hymix::models::require_finite_weights(rd.weights(), hint);
+        hymix::models::require_finite_weights(hymix::safetensors::file(c.amor), hint);
+    }
+    return {std::move(dir), std::move(rd), std::move(mt), std::move(trained)};
+}
+
 basic_loaded_model<hymix::auto_model> load_cpu_model(const common_options& o) { return load_on<hymix::auto_model>(o); }
 basic_loaded_model<hymix::reference_auto_model> load_reference_model(const common_options& o) {
     return load_on<hymix::reference_auto_model>(o);

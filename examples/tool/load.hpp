@@ -39,6 +39,17 @@ std::filesystem::path resolve_model_dir(const std::string& arg);
 /// warning on stderr: what --allow-nonfinite loads anyway.
 void warn_nonfinite_weights(const std::filesystem::path& dir, const std::string& amor);
 
+/// The inputs of the AMOR measuring commands (amor-sweep, amor-router): the backbone checkpoint of --model and the
+/// configuration of the --amor file, checked against each other (config_error naming both files), and both free of
+/// NaN / Inf (nonfinite_error naming the tensor) unless --allow-nonfinite (then each such tensor is named in a warning).
+struct amor_inputs {
+    std::filesystem::path dir;
+    hymix::models::checkpoint_reader reader;
+    std::string model_type;
+    hymix::models::amor_config amor;
+};
+amor_inputs open_amor_inputs(const common_options& c);
+
 /// Loads the model (refusing non-finite weights unless allowed) on the CPU or the reference backend and prints the
 /// load and system lines on stderr.
 basic_loaded_model<hymix::auto_model> load_cpu_model(const common_options& o);

@@ -93,7 +93,7 @@ int fit_routers(const common_options& c, const amor_router_options& o, Backbone 
         res[k].samples = taps[k]->rows();
         res[k].train_mse = r.train_mse;
         res[k].fit_heldout_mse = r.heldout_mse;
-        res[k].fit_r2 = r.heldout_var > 0 ? 1 - r.heldout_mse / r.heldout_var : 0;
+        res[k].fit_r2 = r.heldout_var > 0 ? 1 - r.heldout_mse / r.heldout_var : std::nan("");  // printed as nan: no held-out share
         res[k].tau = taus[k];
         routers.push_back(std::make_shared<const hymix::entropy_router>(std::move(r.router)));
         taps[k].reset();

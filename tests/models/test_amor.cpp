@@ -271,6 +271,18 @@ TEST_CASE("fitted routers on an AMOR stack (spec.md §5.6): taps record what the
     models::attach_entropy_routers(m, high);
     auto ch = m.make_cache(2);
     m.forward(be, ch, seq_batch::dense(2, T), fresh, routed.view<2>());
+    {  // decode consults the routers too: a step after the prefill fires in every block, with Ĥ = 2 as its score
+        const std::vector<std::int64_t> slots{0, 1};
+        const std::vector<std::int32_t> next{3, 5};
+        tensor<float> step({2, 40});
+        auto cd = m.make_cache(2);
+        m.forward(be, cd, seq_batch::dense(2, T), fresh, routed.view<2>());
+        m.forward(be, cd, seq_batch::decode(slots), next, step.view<2>());
+        for (const auto& st : cd.stats()) {
+            CHECK(st.fired == 2);
+            CHECK(st.score == std::vector<float>{2.0f, 2.0f});
+        }
+    }
     models::for_each_entropy_gate(m, [](entropy_ema& g) { g.set_router(nullptr), g.set_always_on(true); });
     auto ca = m.make_cache(2);
     m.forward(be, ca, seq_batch::dense(2, T), fresh, exact.view<2>());

@@ -31,6 +31,25 @@ struct entropy_router_weights {
     tensor<float> fc1_weight, fc1_bias, fc2_weight, fc2_bias, skip_weight;
 };
 
+namespace detail {
+/// The router's forward on rows x [n, d] (shapes checked by the callers): a = fc1(x) [n, hidden], s = silu(a), and
+/// out[r] = fc2(s)[r] + skip·x[r] (fp32, on B's linear op). `a` and `s` may be the same vector: the activations then
+/// overwrite the pre-activations (prediction); the fit's backward keeps both.
+template <host_backend B>
+void router_forward(const B& be, const entropy_router_weights& w, tensor_view<const float, 2> x, std::vector<float>& a, std::vector<float>& s,
+                    std::span<float> out) {
+    const std::int64_t n = x.dim(0), d = w.fc1_weight.dim(1), hid = w.fc1_weight.dim(0);
+    a.resize(static_cast<std::size_t>(n * hid));
+    ops::linear(be, x, w.fc1_weight.view<2>(), w.fc1_bias.data(), tensor_view<float, 2>(a.data(), {n, hid}));
+    s.resize(a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) s[i] = silu(a[i]);
+    std::vector<float> y(static_cast<std::size_t>(n)), k(y.size());
+    ops::linear(be, tensor_view<const float, 2>(s.data(), {n, hid}), w.fc2_weight.view<2>(), w.fc2_bias.data(), tensor_view<float, 2>(y.data(), {n, 1}));
+    ops::linear(be, x, tensor_view<const float, 2>(w.skip_weight.data(), {1, d}), nullptr, tensor_view<float, 2>(k.data(), {n, 1}));
+    for (std::size_t r = 0; r < y.size(); ++r) out[r] = y[r] + k[r];
+}
+}  // namespace detail
+
 /// A fitted entropy router (immutable once built). Thread-safe to share between gates and calls.
 class entropy_router {
 public:
@@ -68,21 +87,15 @@ public:
     /// h's width is not d or out has not n entries.
     template <host_backend B>
     void predict(const B& be, tensor_view<const float, 2> h, std::span<float> out) const {
-        const std::int64_t n = h.dim(0), d = d_model(), hid = hidden();
+        const std::int64_t n = h.dim(0), d = d_model();
         if (h.dim(1) != d) throw shape_error("entropy_router::predict: rows of width " + std::to_string(h.dim(1)) + ", the router takes d = " + std::to_string(d));
         if (n > 0 && d > 1 && h.strides[1] != 1)
             throw shape_error("entropy_router::predict: h must have a unit inner stride, found " + std::to_string(h.strides[1]));
         if (static_cast<std::int64_t>(out.size()) != n)
             throw shape_error("entropy_router::predict: out has " + std::to_string(out.size()) + " entries for " + std::to_string(n) + " rows");
         if (n == 0) return;
-        std::vector<float> a(static_cast<std::size_t>(n * hid)), y(static_cast<std::size_t>(n)), s(static_cast<std::size_t>(n));
-        const tensor_view<float, 2> av(a.data(), {n, hid});
-        ops::linear(be, h, w_.fc1_weight.view<2>(), w_.fc1_bias.data(), av);
-        for (float& v : a) v = silu(v);
-        ops::linear(be, tensor_view<const float, 2>(av), w_.fc2_weight.view<2>(), w_.fc2_bias.data(), tensor_view<float, 2>(y.data(), {n, 1}));
-        const tensor_view<const float, 2> skip(w_.skip_weight.data(), {1, d});
-        ops::linear(be, h, skip, nullptr, tensor_view<float, 2>(s.data(), {n, 1}));
-        for (std::int64_t r = 0; r < n; ++r) out[static_cast<std::size_t>(r)] = y[static_cast<std::size_t>(r)] + s[static_cast<std::size_t>(r)];
+        std::vector<float> a;
+        detail::router_forward(be, w_, h, a, a, out);  // silu in place: the pre-activations are not needed
     }
 
     /// The same in double precision with plain loops (the reference the tests compare predict with).

@@ -67,22 +67,20 @@ double router_loss_grad(const B& be, const entropy_router_weights& w, tensor_vie
         throw shape_error("router_loss_grad: rows " + shape_string(std::vector<std::int64_t>{x.dim(0), x.dim(1)}) + " and " + std::to_string(H.size()) + " targets for d " +
                           std::to_string(d));
     if (n == 0) return 0.0;
-    std::vector<float> a(static_cast<std::size_t>(n * hid)), s(a.size()), ds(a.size()), y(static_cast<std::size_t>(n)), k(y.size()), dy(y.size());
-    const tensor_view<float, 2> av(a.data(), {n, hid}), sv(s.data(), {n, hid}), dsv(ds.data(), {n, hid});
-    ops::linear(be, x, w.fc1_weight.view<2>(), w.fc1_bias.data(), av);
-    for (std::size_t i = 0; i < a.size(); ++i) s[i] = silu(a[i]);
-    ops::linear(be, tensor_view<const float, 2>(sv), w.fc2_weight.view<2>(), w.fc2_bias.data(), tensor_view<float, 2>(y.data(), {n, 1}));
-    const tensor_view<const float, 2> skip(w.skip_weight.data(), {1, d});
-    ops::linear(be, x, skip, nullptr, tensor_view<float, 2>(k.data(), {n, 1}));
+    std::vector<float> a, s, pred(static_cast<std::size_t>(n)), dy(pred.size());
+    hymix::detail::router_forward(be, w, x, a, s, pred);
     double loss = 0;
-    for (std::int64_t r = 0; r < n; ++r) {
-        const auto ru = static_cast<std::size_t>(r);
-        const double e = static_cast<double>(y[ru]) + k[ru] - H[ru];
+    for (std::size_t r = 0; r < pred.size(); ++r) {
+        const double e = static_cast<double>(pred[r]) - H[r];
         loss += e * e;
-        dy[ru] = static_cast<float>(2.0 * e / static_cast<double>(n));
+        dy[r] = static_cast<float>(2.0 * e / static_cast<double>(n));
     }
+    std::vector<float> ds(a.size());
+    const tensor_view<const float, 2> sv(s.data(), {n, hid});
+    const tensor_view<float, 2> dsv(ds.data(), {n, hid});
+    const tensor_view<const float, 2> skip(w.skip_weight.data(), {1, d});
     const tensor_view<const float, 2> dyv(dy.data(), {n, 1});
-    ops::linear_backward(be, tensor_view<const float, 2>(sv), w.fc2_weight.view<2>(), dyv, dsv, g.fc2_weight.view<2>(), g.fc2_bias.data());
+    ops::linear_backward(be, sv, w.fc2_weight.view<2>(), dyv, dsv, g.fc2_weight.view<2>(), g.fc2_bias.data());
     ops::linear_backward(be, x, skip, dyv, tensor_view<float, 2>(), tensor_view<float, 2>(g.skip_weight.data(), {1, d}), nullptr);
     for (std::size_t i = 0; i < a.size(); ++i) {
         const float sg = sigmoid(a[i]);
@@ -157,15 +155,16 @@ router_fit_result fit_entropy_router(const B& be, const router_samples& s, route
     const std::int64_t steps_per_epoch = (n_train + o.batch - 1) / o.batch, total = steps_per_epoch * o.epochs;
     const double pi = std::acos(-1.0);
     std::vector<float> xb, yb;
-    // Mean squared error of weights ww over rows, in slices of 4096 rows (the gradient goes to a scratch).
-    entropy_router_weights scratch = detail::router_zeros(d, hid);
+    // Mean squared error of weights ww over rows, in slices of 4096 rows (forward only).
+    std::vector<float> a_buf, pred;
     auto mse_of = [&](const entropy_router_weights& ww, const std::vector<std::int64_t>& rows) {
         double sum = 0;
         for (std::size_t from = 0; from < rows.size(); from += 4096) {
             const std::size_t cnt = std::min<std::size_t>(4096, rows.size() - from);
             gather(rows, from, cnt, xb, yb);
-            sum += detail::router_loss_grad(be, ww, tensor_view<const float, 2>(xb.data(), {static_cast<std::int64_t>(cnt), d}), yb, scratch) *
-                   static_cast<double>(cnt);
+            pred.resize(cnt);
+            hymix::detail::router_forward(be, ww, tensor_view<const float, 2>(xb.data(), {static_cast<std::int64_t>(cnt), d}), a_buf, a_buf, pred);
+            for (std::size_t i = 0; i < cnt; ++i) sum += (static_cast<double>(pred[i]) - yb[i]) * (static_cast<double>(pred[i]) - yb[i]);
         }
         return rows.empty() ? 0.0 : sum / static_cast<double>(rows.size());
     };

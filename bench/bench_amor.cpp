@@ -119,15 +119,12 @@ any_model build(const size_spec& s, int v) {
         for (std::size_t k = 0; k < H.size(); ++k) H[k].insert(H[k].end(), cache.stats().at(k).score.begin(), cache.stats().at(k).score.end());
     }
     std::size_t k = 0;
-    for (std::int64_t l = 0; l < m.n_layers(); ++l)
-        std::visit([&](auto& blk) {
-            if constexpr (requires { blk.gate().set_kappa(0.0f); }) {
-                auto& Hk = H.at(k++);
-                std::sort(Hk.begin(), Hk.end());
-                blk.gate().set_statistics(Hk[static_cast<std::size_t>((1.0 - target_fire) * static_cast<double>(Hk.size()))], 0.0f);
-                blk.gate().set_always_on(v == amor_always);
-            }
-        }, m.layer_at(l));
+    hymix::models::for_each_entropy_gate(m, [&](hymix::entropy_ema& g) {
+        auto& Hk = H.at(k++);
+        std::sort(Hk.begin(), Hk.end());
+        g.set_statistics(Hk[static_cast<std::size_t>((1.0 - target_fire) * static_cast<double>(Hk.size()))], 0.0f);
+        g.set_always_on(v == amor_always);
+    });
     return m;
 }
 
@@ -144,10 +141,7 @@ void with_model(int size, int v, F&& f) {
     }
     std::visit([&](auto& m) {
         if constexpr (std::is_same_v<std::decay_t<decltype(m)>, amor_t>)
-            for (std::int64_t l = 0; l < m.n_layers(); ++l)
-                std::visit([&](auto& blk) {
-                    if constexpr (requires { blk.gate().set_always_on(true); }) blk.gate().set_always_on(v == amor_always);
-                }, m.layer_at(l));
+            hymix::models::for_each_entropy_gate(m, [&](hymix::entropy_ema& g) { g.set_always_on(v == amor_always); });
         f(m);
     }, *model);
 }
@@ -206,7 +200,8 @@ void BM_amor_decode(benchmark::State& st) {
                                 static_cast<double>(mc.conv_dim() * mc.d_conv));
         const double blocks = v == backbone_only ? 0.0 : static_cast<double>(n_blocks);
         // entropy_ema::decide skips the head when always on; with a router it reads the router's weights instead.
-        const double gate_w = v == amor_sparse ? d * V : v == amor_router ? d * 513.0 + 1025.0 : 0.0;
+        const double rh = static_cast<double>(hymix::entropy_router::default_hidden);  // router: W₁, b₁, W₂, b₂, w_s
+        const double gate_w = v == amor_sparse ? d * V : v == amor_router ? d * (rh + 1) + 2 * rh + 1 : 0.0;
         const double ssm = static_cast<double>(s.layers * mc.d_inner() * mc.d_state);
         const double conv = static_cast<double>(s.layers * mc.conv_dim() * (mc.d_conv - 1));
         const double Bd = static_cast<double>(B);

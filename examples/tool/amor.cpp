@@ -15,6 +15,7 @@
 
 #include "hymix/backend/cpu.hpp"
 #include "hymix/models/amor.hpp"
+#include "hymix/models/amor_router.hpp"
 #include "hymix/models/check_weights.hpp"
 #include "hymix/models/checkpoint.hpp"
 #include "hymix/train/plot.hpp"
@@ -254,12 +255,7 @@ int sweep_amor(const common_options& c, const amor_sweep_options& o, Backbone bb
         for (std::int64_t L : o.windows) report({"untrained", 0, L, eval(fresh, L)});
     }
     S m = hymix::models::load_amor<S>(std::move(bb), c.amor);
-    auto for_gates = [&](auto&& f) {
-        for (std::int64_t l = 0; l < m.n_layers(); ++l)
-            std::visit([&](auto& blk) {
-                if constexpr (requires { blk.gate().set_kappa(0.0f); }) f(blk.gate());
-            }, m.layer_at(l));
-    };
+    const auto for_gates = [&](auto&& f) { hymix::models::for_each_entropy_gate(m, f); };
     if (sweep_kappa) {
         for (float k : o.kappas) {
             for_gates([&](auto& g) { g.set_always_on(false), g.set_kappa(k); });
@@ -293,16 +289,6 @@ int sweep_amor(const common_options& c, const amor_sweep_options& o, Backbone bb
         fmt::print("wrote {}\n", o.svg.string());
     }
     return exit_ok;
-}
-
-/// An output path whose folder must exist before minutes of evaluation (usage_error otherwise).
-void require_writable(const std::filesystem::path& p, const char* option) {
-    if (p.empty()) return;
-    std::error_code ec;
-    if (std::filesystem::is_directory(p, ec)) throw usage_error(fmt::format("{} '{}' is a directory; give a file name", option, p.string()));
-    const auto parent = p.parent_path();
-    if (!parent.empty() && !std::filesystem::is_directory(parent, ec))
-        throw usage_error(fmt::format("{} '{}': the folder '{}' does not exist", option, p.string(), parent.string()));
 }
 
 /// `v` without repeated values, first occurrences kept in order.

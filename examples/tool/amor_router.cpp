@@ -39,7 +39,8 @@ struct block_result {
 };
 
 template <class S, class Backbone>
-int fit_routers(const common_options& c, const amor_router_options& o, Backbone bb, const hymix::train::byte_corpus& corpus) {
+int fit_routers(const common_options& c, const amor_router_options& o, Backbone bb, const std::filesystem::path& backbone_dir,
+                const hymix::train::byte_corpus& corpus) {
     hymix::cpu_backend be(c.threads);
     S m = hymix::models::load_amor<S>(std::move(bb), c.amor);
     std::vector<std::shared_ptr<hymix::router_samples>> taps;
@@ -151,7 +152,7 @@ int fit_routers(const common_options& c, const amor_router_options& o, Backbone 
                    r.fit_heldout_mse, r.fit_r2, r.tau, r.fire_exact, r.fire_router, r.agreement, r.r2);
     }
     nlohmann::json info = {{"fitted_for", std::filesystem::path(c.amor).filename().string()},
-                           {"backbone", std::filesystem::path(resolve_model_dir(c.model)).filename().string()},
+                           {"backbone", backbone_dir.filename().string()},
                            {"samples_per_block", o.samples},
                            {"epochs", o.epochs},
                            {"seed", o.seed},
@@ -183,11 +184,8 @@ int run_amor_router(const common_options& c, const amor_router_options& o) {
     // Outputs checked before minutes of work: a folder that exists, not a directory, not one of the inputs.
     for (const auto& [p, what] : {std::pair{o.out, "--out"}, std::pair{o.csv, "--csv"}}) {
         if (p.empty()) continue;
+        require_writable(p, what);
         std::error_code ec;
-        if (std::filesystem::is_directory(p, ec)) throw usage_error(fmt::format("{} '{}' is a directory; give a file name", what, p.string()));
-        const auto parent = p.parent_path();
-        if (!parent.empty() && !std::filesystem::is_directory(parent, ec))
-            throw usage_error(fmt::format("{} '{}': the folder '{}' does not exist", what, p.string(), parent.string()));
         for (const auto& [in, in_what] : {std::pair{std::filesystem::path(c.amor), "--amor"}, std::pair{std::filesystem::path(o.text), "--text"}})
             if (std::filesystem::equivalent(p, in, ec))
                 throw usage_error(fmt::format("{} '{}' would overwrite the {} file", what, p.string(), in_what));
@@ -209,8 +207,8 @@ int run_amor_router(const common_options& c, const amor_router_options& o) {
                                       "of {} needs more",
                                       std::min<std::int64_t>(o.eval_bytes, corpus.n_heldout()), o.text, o.eval_bytes, o.window));
     if (in.model_type == "mamba2")
-        return fit_routers<hymix::models::amor_mamba2_stack<>>(c, o, hymix::models::load_hf_mamba2<hymix::models::hf_mamba2_stack>(rd), corpus);
-    return fit_routers<hymix::models::amor_gdn_stack<>>(c, o, hymix::models::load_hf_qwen3_5<hymix::models::qwen3_5_gdn_stack>(rd), corpus);
+        return fit_routers<hymix::models::amor_mamba2_stack<>>(c, o, hymix::models::load_hf_mamba2<hymix::models::hf_mamba2_stack>(rd), in.dir, corpus);
+    return fit_routers<hymix::models::amor_gdn_stack<>>(c, o, hymix::models::load_hf_qwen3_5<hymix::models::qwen3_5_gdn_stack>(rd), in.dir, corpus);
 }
 
 }  // namespace tool

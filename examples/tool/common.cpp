@@ -69,6 +69,15 @@ void end_lines() {
 }
 }  // namespace console
 
+void require_writable(const std::filesystem::path& p, const char* option) {
+    if (p.empty()) return;
+    std::error_code ec;
+    if (std::filesystem::is_directory(p, ec)) throw usage_error(fmt::format("{} '{}' is a directory; give a file name", option, p.string()));
+    const auto parent = p.parent_path();
+    if (!parent.empty() && !std::filesystem::is_directory(parent, ec))
+        throw usage_error(fmt::format("{} '{}': the folder '{}' does not exist", option, p.string(), parent.string()));
+}
+
 std::string read_file(const std::string& path, std::string_view what) {
     std::error_code ec;
     const auto st = fs::status(path, ec);

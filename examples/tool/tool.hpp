@@ -121,6 +121,10 @@ int run_generate(const common_options&, generate_options);
 int run_score(const common_options&, const score_options&);
 int run_logits(const common_options&, const logits_options&);
 
+/// An output path given by `option` (empty: none) whose folder must exist and which must not be a directory, checked
+/// before minutes of work (usage_error otherwise).
+void require_writable(const std::filesystem::path& p, const char* option);
+
 /// Reads a whole file named by option `what` (io_error naming both when it is missing, a directory or unreadable).
 std::string read_file(const std::string& path, std::string_view what);
 

@@ -342,6 +342,7 @@ amor)
         --bytes 256 --out "$work/trace_r.html"
     expect 1 "--router needs the AMOR blocks" score -m "$bb" --router "$work/routers.safetensors" --text "$work/text.txt"
     expect 2 "not an AMOR router file" score -m "$bb" --amor "$amor" --router "$amor" --text "$work/text.txt" --bytes 600
+    expect 2 "an AMOR router file .*pass it as --router" score -m "$bb" --amor "$work/routers.safetensors" --text "$work/text.txt" --bytes 600
     expect 1 "always-on blocks: they have no entropy gate" amor-router -m "$bb" --amor "$work/aa/checkpoint-2/amor.safetensors" \
         --text "$work/text.txt"
     expect 1 "amor-router needs --amor" amor-router -m "$bb" --text "$work/text.txt"

@@ -283,7 +283,8 @@ struct command_line {
         if (inference)
             c->add_option("--router", common.router,
                           "router file of the --amor blocks (hymix amor-router; spec.md §5.6): the gates fire on a small regressor's "
-                          "estimate of the head entropy instead of the LM head pass (pays for vocabularies wider than about 513)")
+                          "estimate of the head entropy instead of the LM head pass (pays once the vocabulary exceeds the router width + 1: "
+                          "about 513 with amor-router's default --hidden 512)")
                 ->check(CLI::ExistingFile);
         c->add_flag("--allow-nonfinite", common.allow_nonfinite,
                     "load weights holding NaN / Inf (each such tensor is named in a warning); logits writes non-finite "

@@ -214,6 +214,9 @@ void save_amor(S& m, std::int64_t first_amor_layer, amor_config c, const std::fi
 /// The configuration stored in an AMOR file. Throws io_error / format_error / config_error.
 inline amor_config read_amor_config(const std::filesystem::path& path) {
     const safetensors::file f(path);
+    if (const auto fm = f.metadata().find("format"); fm != f.metadata().end() && fm->second == "hymix-amor-router")
+        throw format_error(path.string() + ": an AMOR router file (hymix amor-router), not an AMOR file: pass it as --router, with the AMOR "
+                                           "file it was fitted for as --amor");
     const auto it = f.metadata().find("config");
     if (it == f.metadata().end()) throw format_error(path.string() + ": no 'config' metadata entry (not an AMOR file)");
     nlohmann::json j;

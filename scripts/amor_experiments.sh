@@ -15,20 +15,17 @@
 #   which with the constant schedule is the same run cut short), THREADS (threads per run, default all cores),
 #   PARALLEL (runs at once, default 1), SWEEP_THREADS (threads of the measurements, default all cores), SWEEP_KAPPAS
 #   (the κ values swept at inference, comma-separated; each run's own κ is added), HYMIX (the tool; default build/release/examples/tool/hymix), RUNS (run dirs,
-#   default build/amor_runs), DOCS (docs/amor), NOTE (a sentence for the report: what else ran, which machine).
+#   default build/amor_runs), DOCS (docs/amor), NOTE (a sentence for the report: what else ran, which machine),
+#   RESUME (1: a run whose folder holds a checkpoint continues from it, so that a budget spread over several calls of
+#   MINUTES each reaches STEPS; the loss curve and step count are the whole run's), TRAIN_ONLY (1: stop after training).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-shared=${SHARED:-../shared}
-text=$shared/data/kjv.txt
-tool=${HYMIX:-build/release/examples/tool/hymix}
-backbones=${BACKBONES:-kjv-mamba2-byte kjv-gdn-byte}
+# shellcheck source=scripts/amor_env.sh
+source scripts/amor_env.sh
 variants=${VARIANTS:-k0.2 k0.77 always}
 steps=${STEPS:-1550} minutes=${MINUTES:-0} threads=${THREADS:-0} parallel=${PARALLEL:-1} sweep_threads=${SWEEP_THREADS:-0}
 runs=${RUNS:-build/amor_runs} docs=${DOCS:-docs/amor}
 sweep_kappas=${SWEEP_KAPPAS:--1,-0.5,0,0.2,0.5,0.77,1,1.5,2,3}
-[ -x "$tool" ] || { echo "amor_experiments: build the tool first (cmake --preset release && cmake --build --preset release --target hymix_tool)" >&2; exit 2; }
-[ -f "$text" ] || { echo "amor_experiments: no text '$text' (set SHARED to the folder holding data/kjv.txt and models/)" >&2; exit 2; }
-for bb in $backbones; do [ -d "$shared/models/$bb" ] || { echo "amor_experiments: no backbone '$shared/models/$bb'" >&2; exit 2; }; done
 mkdir -p "$runs" "$docs"
 
 kappa_of() { case $1 in k*) echo "${1#k}" ;; *) echo 0.2 ;; esac; }
@@ -40,9 +37,14 @@ train() {
                 --kappa "$(kappa_of "$v")" --steps "$steps" --minutes "$minutes" --seed 1 --threads "$threads"
                 --eval-bytes 16384 --log-every 10 --checkpoint-every 100 --out "$dir")
     [ "$v" = always ] && args+=(--always-on)
-    rm -rf "$dir"
+    if [ "${RESUME:-0}" = 1 ] && [ -f "$dir/latest" ]; then
+        args+=(--resume)
+        [ ! -f "$dir.out" ] || cat "$dir.out" >>"$dir.out.earlier"  # each call's summary is kept
+    else
+        rm -rf "$dir" "$dir.out.earlier" "$dir.log"
+    fi
     echo "== $bb $v: hymix ${args[*]}" >&2
-    if ! "$tool" "${args[@]}" >"$dir.out" 2>"$dir.log"; then
+    if ! "$tool" "${args[@]}" >"$dir.out" 2>>"$dir.log"; then
         echo "amor_experiments: $bb $v failed:" >&2
         tail -20 "$dir.log" >&2
         return 1
@@ -68,6 +70,7 @@ for bb in $backbones; do
 done
 for p in "${pids[@]}"; do wait "$p" || failed=1; done
 [ "$failed" = 0 ] || exit 1
+[ "${TRAIN_ONLY:-0}" != 1 ] || { echo "amor_experiments: trained (TRAIN_ONLY=1: nothing measured)" >&2; exit 0; }
 
 # Measure every run: the backbone alone, the blocks at their trained κ (and swept), always on.
 csv=$docs/results.csv

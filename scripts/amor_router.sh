@@ -10,17 +10,12 @@
 #   STEPS (30), THREADS (0: all cores), HYMIX (build/release/examples/tool/hymix), RUNS (build/amor_router_runs), DOCS (docs/amor)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-shared=${SHARED:-../shared}
-text=$shared/data/kjv.txt
-tool=${HYMIX:-build/release/examples/tool/hymix}
-backbones=${BACKBONES:-kjv-mamba2-byte kjv-gdn-byte}
+# shellcheck source=scripts/amor_env.sh
+source scripts/amor_env.sh
 steps=${STEPS:-30} threads=${THREADS:-0}
 runs=${RUNS:-build/amor_router_runs} docs=${DOCS:-docs/amor}
-[ -x "$tool" ] || { echo "amor_router: build the tool first (cmake --preset release && cmake --build --preset release --target hymix_tool)" >&2; exit 2; }
-[ -f "$text" ] || { echo "amor_router: no text '$text' (set SHARED to the folder holding data/kjv.txt and models/)" >&2; exit 2; }
 mkdir -p "$runs" "$docs"
 for bb in $backbones; do
-    [ -d "$shared/models/$bb" ] || { echo "amor_router: no backbone '$shared/models/$bb'" >&2; exit 2; }
     dir=$runs/$bb
     rm -rf "$dir"
     echo "== $bb: amor-train, $steps steps" >&2

@@ -35,8 +35,12 @@ struct block_result {
     double train_mse = 0, fit_heldout_mse = 0, fit_r2 = 0;  // the fit's own split of the recorded samples
     // On the held-out text: τ, fire rates of the exact and the routed pass, and on the exact pass's block inputs ĥ the
     // fraction of positions where Ĥ > τ agrees with H > τ and the R² of Ĥ against H.
-    double tau = 0, fire_exact = 0, fire_router = 0, agreement = 0, r2 = 0;
+    double tau = 0, fire_exact = 0, fire_router = 0, agreement = 0, r2 = 0, mse = 0, h_std = 0;
 };
+
+/// Below this standard deviation of the exact entropy H (normalised, in [0, 1]) an R² of Ĥ says nothing: it divides
+/// the error by a near-zero variance.
+constexpr double min_h_std = 1e-3;
 
 template <class S, class Backbone>
 int fit_routers(const common_options& c, const amor_router_options& o, Backbone bb, const std::filesystem::path& backbone_dir,
@@ -64,13 +68,19 @@ int fit_routers(const common_options& c, const amor_router_options& o, Backbone 
     auto all_full = [&] { return std::all_of(taps.begin(), taps.end(), [](const auto& t) { return t->full(); }); };
     std::int64_t tokens = 0;
     const bool tty = console::stderr_is_terminal();
+    int logged_quarter = 0;
     while (!all_full()) {
         const auto b = sampler.next(8);
         auto cache = m.make_cache(b.n_seq);
         hymix::tensor<float> logits({b.n_seq, V});  // the gates see every position; only the last logits are formed
         m.forward_last(be, cache, hymix::seq_batch::dense(b.n_seq, b.seq_len), b.inputs, logits.view<2>());
         tokens += b.n_seq * b.seq_len;
-        if (tty) console::status(fmt::format("amor-router: recorded {} / {} rows per block ({} tokens run)", taps.front()->rows(), o.samples, tokens));
+        const auto line = fmt::format("amor-router: recorded {} / {} rows per block ({} tokens run)", taps.front()->rows(), o.samples, tokens);
+        if (tty) console::status(line);
+        else if (const int q = static_cast<int>(4 * taps.front()->rows() / std::max<std::int64_t>(1, o.samples)); q > logged_quarter && q < 4) {
+            logged_quarter = q;  // a log (not a terminal) hears of the recording at each quarter
+            console::note("{}", line);
+        }
     }
     if (tty) console::clear_status();
     console::note("amor-router: recorded {} rows per block from {} tokens", o.samples, tokens);
@@ -94,7 +104,8 @@ int fit_routers(const common_options& c, const amor_router_options& o, Backbone 
         res[k].samples = taps[k]->rows();
         res[k].train_mse = r.train_mse;
         res[k].fit_heldout_mse = r.heldout_mse;
-        res[k].fit_r2 = r.heldout_var > 0 ? 1 - r.heldout_mse / r.heldout_var : std::nan("");  // printed as nan: no held-out share
+        // nan where there is no held-out share or H barely varies over it (see min_h_std)
+        res[k].fit_r2 = r.heldout_var > min_h_std * min_h_std ? 1 - r.heldout_mse / r.heldout_var : std::nan("");
         res[k].tau = taus[k];
         routers.push_back(std::make_shared<const hymix::entropy_router>(std::move(r.router)));
         taps[k].reset();
@@ -131,7 +142,11 @@ int fit_routers(const common_options& c, const amor_router_options& o, Backbone 
         mean /= static_cast<double>(std::max<std::size_t>(1, He.size()));
         for (std::size_t i = 0; i < He.size(); ++i) se += (Hr[i] - He[i]) * (Hr[i] - He[i]), var += (He[i] - mean) * (He[i] - mean);
         res[k].agreement = static_cast<double>(agree) / static_cast<double>(std::max<std::size_t>(1, He.size()));
-        res[k].r2 = var > 0 ? 1 - se / var : 0;
+        // R² is undefined where H barely varies (an untrained or random model, whose head output is near uniform
+        // everywhere): it is reported as nan there, with the reason, and the MSE stands for the fit.
+        res[k].h_std = He.size() > 1 ? std::sqrt(var / static_cast<double>(He.size() - 1)) : 0;
+        res[k].mse = se / static_cast<double>(std::max<std::size_t>(1, He.size()));
+        res[k].r2 = res[k].h_std > min_h_std ? 1 - se / var : std::nan("");
         held[k].reset();
     }
     // 4. Report and write.
@@ -151,6 +166,11 @@ int fit_routers(const common_options& c, const amor_router_options& o, Backbone 
         fmt::print("{:>5} {:>5} {:>8} {:>10.3e} {:>8.4f} {:>8.4f} {:>10.4f} {:>11.4f} {:>9.4f} {:>8.4f}\n", k, r.layer, r.samples,
                    r.fit_heldout_mse, r.fit_r2, r.tau, r.fire_exact, r.fire_router, r.agreement, r.r2);
     }
+    for (std::size_t k = 0; k < nb; ++k)
+        if (std::isnan(res[k].r2))
+            fmt::print("block {}: H is nearly constant on the held-out text (std {:.2e} < {:.0e}: an untrained or random model?), so R² is "
+                       "undefined; Ĥ's MSE against H there is {:.3e}\n",
+                       k, res[k].h_std, min_h_std, res[k].mse);
     nlohmann::json info = {{"fitted_for", std::filesystem::path(c.amor).filename().string()},
                            {"backbone", backbone_dir.filename().string()},
                            {"samples_per_block", o.samples},
@@ -199,16 +219,26 @@ int run_amor_router(const common_options& c, const amor_router_options& o) {
     auto& rd = in.reader;
     if (in.amor.always_on) throw usage_error(c.amor + " holds always-on blocks: they have no entropy gate for a router to stand in for");
     const auto corpus = hymix::train::byte_corpus::load(o.text);
+    // A text too short for the window is a bad input (exit 2, as amor-train and train report it); an --eval-bytes that
+    // leaves no whole window is a command-line mistake (exit 1).
     if (corpus.n_train() < o.window + 1)
-        throw usage_error(fmt::format("amor-router: the training split of '{}' has {} bytes; a --window of {} needs more", o.text, corpus.n_train(),
-                                      o.window));
+        throw hymix::value_error(fmt::format("amor-router: the training split of '{}' has {} bytes; a --window of {} needs more", o.text,
+                                             corpus.n_train(), o.window));
+    if (corpus.n_heldout() <= o.window)
+        throw hymix::value_error(fmt::format("amor-router: the held-out range of '{}' (its last 5%) has {} byte(s); a --window of {} needs more",
+                                             o.text, corpus.n_heldout(), o.window));
+    amor_router_options opt = o;
+    if (opt.samples == 0) opt.samples = std::min(default_router_samples, corpus.n_train());
+    if (opt.samples > corpus.n_train())
+        throw usage_error(fmt::format("amor-router: --samples {} exceeds the {} positions of the training split of '{}'", opt.samples,
+                                      corpus.n_train(), o.text));
     if (std::min<std::int64_t>(o.eval_bytes, corpus.n_heldout()) <= o.window)
         throw usage_error(fmt::format("amor-router: the held-out range has {} byte(s) (the last 5% of '{}', at most --eval-bytes {}); a --window "
                                       "of {} needs more",
                                       std::min<std::int64_t>(o.eval_bytes, corpus.n_heldout()), o.text, o.eval_bytes, o.window));
     if (in.model_type == "mamba2")
-        return fit_routers<hymix::models::amor_mamba2_stack<>>(c, o, hymix::models::load_hf_mamba2<hymix::models::hf_mamba2_stack>(rd), in.dir, corpus);
-    return fit_routers<hymix::models::amor_gdn_stack<>>(c, o, hymix::models::load_hf_qwen3_5<hymix::models::qwen3_5_gdn_stack>(rd), in.dir, corpus);
+        return fit_routers<hymix::models::amor_mamba2_stack<>>(c, opt, hymix::models::load_hf_mamba2<hymix::models::hf_mamba2_stack>(rd), in.dir, corpus);
+    return fit_routers<hymix::models::amor_gdn_stack<>>(c, opt, hymix::models::load_hf_qwen3_5<hymix::models::qwen3_5_gdn_stack>(rd), in.dir, corpus);
 }
 
 }  // namespace tool

@@ -12,10 +12,13 @@
 
 namespace tool {
 
+/// Positions recorded per block when --samples is not given (fewer where the training split has fewer).
+inline constexpr std::int64_t default_router_samples = 65536;
+
 struct amor_router_options {
     std::string text;
     std::filesystem::path out = "amor-router.safetensors", csv;
-    std::int64_t samples = 65536;  // recorded positions per block
+    std::int64_t samples = 0;      // recorded positions per block; 0: default_router_samples, or the split's positions if fewer
     double keep = 0.25;            // fraction of positions recorded (spreads the samples over more windows)
     std::int64_t window = 512;     // bytes per window, recording and held-out scoring
     std::int64_t hidden = hymix::entropy_router::default_hidden;

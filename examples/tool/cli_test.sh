@@ -350,7 +350,15 @@ amor)
     # with always-on blocks; amor-sweep takes no --router.
     expect 1 "--out '.*amor.safetensors' would overwrite the --amor file" amor-router -m "$bb" --amor "$amor" --text "$work/text.txt" --out "$amor"
     expect 1 "--out '.*' is a directory" amor-router -m "$bb" --amor "$amor" --text "$work/text.txt" --out "$work"
-    expect 1 "the held-out range has 2048 byte\(s\)" amor-router -m "$bb" --amor "$amor" --text "$work/text.txt" --eval-bytes 2048 --window 4096
+    expect 1 "the held-out range has 2048 byte\(s\)" amor-router -m "$bb" --amor "$amor" --text "$work/text.txt" --eval-bytes 2048 --window 2048
+    # A text too short for the window is a bad input (2, as for amor-train); more samples than positions a usage error.
+    expect 2 "the held-out range of .* has [0-9]+ byte\(s\); a --window of 4096 needs more" amor-router -m "$bb" --amor "$amor" \
+        --text "$work/text.txt" --window 4096
+    head -c 100 "$work/text.txt" >"$work/short.txt"
+    expect 2 "the training split of .*short.txt' has 95 bytes; a --window of 128 needs more" amor-router -m "$bb" --amor "$amor" \
+        --text "$work/short.txt" --window 128
+    expect 1 "--samples 10000000 exceeds the [0-9]+ positions of the training split" amor-router -m "$bb" --amor "$amor" \
+        --text "$work/text.txt" --samples 10000000
     expect 2 "always on \(every token attends\)" score -m "$bb" --amor "$work/aa/checkpoint-2/amor.safetensors" --router "$work/routers.safetensors" \
         --text "$work/text.txt" --bytes 600
     expect 1 "--router" amor-sweep -m "$bb" --amor "$amor" --router "$work/routers.safetensors" --text "$work/text.txt"

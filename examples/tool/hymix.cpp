@@ -175,7 +175,7 @@ struct command_line {
         amor_router->add_option("--text", r.text, "text (bytes): positions are recorded from its first 95%, the last 5% is held out")->required();
         amor_router->add_option("--out,-o", r.out, "router file to write (give it to generate / score / logits / amor-trace as --router)");
         amor_router->add_option("--csv", r.csv, "CSV file to write: one row per block (fit, fire rates, decision agreement, bits/byte)");
-        amor_router->add_option("--samples", r.samples, "positions recorded per block")->check(whole(2, std::int64_t{1} << 26));
+        amor_router->add_option("--samples", r.samples, "positions recorded per block (the default drops to the training split's size on a shorter text; more is refused)")->default_str("65536")->check(whole(2, std::int64_t{1} << 26));
         amor_router->add_option("--keep", r.keep, "fraction of positions recorded (spreads the samples over more windows)")
             ->check(decimal(1e-4, 1));
         amor_router->add_option("--window", r.window, "bytes per window (recording and held-out scoring)")->check(whole(2, 1 << 20));

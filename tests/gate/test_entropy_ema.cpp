@@ -12,6 +12,7 @@
 #include "hymix/core/seq_batch.hpp"
 #include "hymix/gate/entropy_ema.hpp"
 #include "hymix/stack/context.hpp"
+#include "gate_fixture.hpp"
 #include "support/random.hpp"
 
 using namespace hymix;
@@ -130,20 +131,13 @@ TEST_CASE("uniform logits give H = 1 (stable) and 1 − 1.09e−6 (+1e−10 form
 }
 
 TEST_CASE("decide reads the context's head; decide_train advances the statistics over live rows only") {
-    const std::int64_t n = 6, d = 4, V = 50;
-    const auto hv = test::uniform(static_cast<std::size_t>(n * d), -3.f, 3.f, 21);
-    const auto ev = test::uniform(static_cast<std::size_t>(V * d), -1.f, 1.f, 22);
-    cpu_backend be(1);
-    std::vector<std::int64_t> lens{2, 3};
-    const auto sb = seq_batch::padded(3, lens);  // rows 2 is padding
-    const validated_batch vb(sb, 2);
-    stack_workspace ws;
-    linear_weight head = tensor<float>({V, d});
-    std::copy(ev.begin(), ev.end(), head.data());
-    block_context<cpu_backend> ctx{be, vb, head, nullptr, 1e-5f, kernels::rms_flavor::plain, {}, ws, nullptr, 0};
+    test::padded_gate_fixture f(21, 22);
+    const auto n = f.n;
+    auto& ws = f.ws;
+    auto& fire = f.fire;
+    const auto& vb = f.vb;
     entropy_ema g;
-    std::vector<unsigned char> fire(static_cast<std::size_t>(n));
-    g.decide(ctx, tensor_view<const float, 2>(hv.data(), {n, d}), fire);
+    g.decide(f.ctx, f.h(), fire);
     CHECK(g.running_threshold() == 0.3f);  // inference: frozen
     REQUIRE(ws.score.size() == static_cast<std::size_t>(n));
     std::vector<float> live_h;
@@ -153,7 +147,7 @@ TEST_CASE("decide reads the context's head; decide_train advances the statistics
     }
     entropy_ema expect;
     expect.observe(live_h);
-    g.decide_train(ctx, tensor_view<const float, 2>(hv.data(), {n, d}), fire);
+    g.decide_train(f.ctx, f.h(), fire);
     CHECK(g.running_threshold() == expect.running_threshold());
     CHECK(g.running_std() == expect.running_std());
 }

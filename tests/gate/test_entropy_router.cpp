@@ -18,6 +18,7 @@
 #include "hymix/models/amor_router.hpp"
 #include "hymix/stack/context.hpp"
 #include "hymix/train/router_fit.hpp"
+#include "gate_fixture.hpp"
 #include "support/random.hpp"
 
 using namespace hymix;
@@ -175,19 +176,14 @@ TEST_CASE("fitting recovers a router-shaped target (held-out R² > 0.97) and is 
 }
 
 TEST_CASE("a gate with a router fires on Ĥ > τ and reports Ĥ; without one it records (ĥ, exact H) of live rows") {
-    const std::int64_t n = 6, d = 4, V = 50;
-    const auto hv = test::uniform(static_cast<std::size_t>(n * d), -3.f, 3.f, 31);
-    const auto ev = test::uniform(static_cast<std::size_t>(V * d), -1.f, 1.f, 32);
-    cpu_backend be(1);
-    std::vector<std::int64_t> lens{2, 3};
-    const auto sb = seq_batch::padded(3, lens);  // row 2 is padding
-    const validated_batch vb(sb, 2);
-    stack_workspace ws;
-    linear_weight head = tensor<float>({V, d});
-    std::copy(ev.begin(), ev.end(), head.data());
-    block_context<cpu_backend> ctx{be, vb, head, nullptr, 1e-5f, kernels::rms_flavor::plain, {}, ws, nullptr, 0};
-    const tensor_view<const float, 2> h(hv.data(), {n, d});
-    std::vector<unsigned char> fire(static_cast<std::size_t>(n));
+    test::padded_gate_fixture f(31, 32);
+    const auto n = f.n, d = f.d;
+    auto& be = f.be;
+    auto& ws = f.ws;
+    auto& ctx = f.ctx;
+    auto& fire = f.fire;
+    const auto& vb = f.vb;
+    const auto h = f.h();
 
     entropy_ema g;
     auto tap = std::make_shared<router_samples>();

@@ -17,7 +17,8 @@
 #   (the κ values swept at inference, comma-separated; each run's own κ is added), HYMIX (the tool; default build/release/examples/tool/hymix), RUNS (run dirs,
 #   default build/amor_runs), DOCS (docs/amor), NOTE (a sentence for the report: what else ran, which machine),
 #   RESUME (1: a run whose folder holds a checkpoint continues from it, so that a budget spread over several calls of
-#   MINUTES each reaches STEPS; the loss curve and step count are the whole run's), TRAIN_ONLY (1: stop after training).
+#   MINUTES each reaches STEPS; the loss curve and step count are the whole run's; a run at STEPS is not touched),
+#   TRAIN_ONLY (1: stop after training), REUSE_SWEEPS (1: keep a sweep CSV newer than its run's AMOR file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/amor_env.sh
@@ -38,6 +39,10 @@ train() {
                 --eval-bytes 16384 --log-every 10 --checkpoint-every 100 --out "$dir")
     [ "$v" = always ] && args+=(--always-on)
     if [ "${RESUME:-0}" = 1 ] && [ -f "$dir/latest" ]; then
+        if [ "$(sed -n 's/^checkpoint-//p' "$dir/latest")" -ge "$steps" ] 2>/dev/null; then
+            echo "   $bb $v: already trained ($(cat "$dir/latest"))" >&2
+            return 0
+        fi
         args+=(--resume)
         [ ! -f "$dir.out" ] || cat "$dir.out" >>"$dir.out.earlier"  # each call's summary is kept
     else
@@ -82,9 +87,13 @@ for bb in $backbones; do
         kappas=$sweep_kappas
         case ",$kappas," in *",$(kappa_of "$v"),"*) ;; *) kappas="$kappas,$(kappa_of "$v")" ;; esac  # the run's own κ
         echo "== $bb $v: sweep κ over $kappas" >&2
-        "$tool" amor-sweep --model "$shared/models/$bb" --amor "$amor" --text "$text" --kappa "$kappas" --window 512,2048 \
-            --threads "$sweep_threads" --csv "$docs/sweep_${bb}_$v.csv" --svg "$docs/sweep_${bb}_$v.svg" >"$dir.sweep" 2>&1 \
-            || { cat "$dir.sweep" >&2; exit 1; }
+        if [ "${REUSE_SWEEPS:-0}" = 1 ] && [ "$docs/sweep_${bb}_$v.csv" -nt "$amor" ]; then
+            echo "   (REUSE_SWEEPS=1: keeping $docs/sweep_${bb}_$v.csv)" >&2
+        else
+            "$tool" amor-sweep --model "$shared/models/$bb" --amor "$amor" --text "$text" --kappa "$kappas" --window 512,2048 \
+                --threads "$sweep_threads" --csv "$docs/sweep_${bb}_$v.csv" --svg "$docs/sweep_${bb}_$v.svg" >"$dir.sweep" 2>&1 \
+                || { cat "$dir.sweep" >&2; exit 1; }
+        fi
         cp "$dir/loss.csv" "$docs/loss_${bb}_$v.csv"
         cp "$dir/loss.svg" "$docs/loss_${bb}_$v.svg"
         read -r st tok secs tps < <(sed -n 's/^trained \([0-9]*\) steps (\([0-9]*\) tokens) in \([0-9.]*\) s: \([0-9]*\) tokens\/s.*/\1 \2 \3 \4/p' "$dir.out")

@@ -194,7 +194,7 @@ struct command_line {
         train->add_option("--steps", o.steps, "optimizer steps (the schedule's length), 1 to 1e9")->check(whole(1, 1'000'000'000));
         train->add_option("--stop-after", o.stop_after, "end this run (with a checkpoint) after N steps; --resume continues it")
             ->check(whole(0, 1'000'000'000));
-        train->add_option("--minutes", o.minutes, "stop after this many minutes of training (0 = no limit)")->check(decimal(0, 1e6));
+        train->add_option("--minutes", o.minutes, "stop after this many minutes of training in this call, with a checkpoint (--resume gives a run that much more; 0 = no limit)")->check(decimal(0, 1e6));
         train->add_option("--batch", o.batch, "windows per step, 1 to 65536")->check(whole(1, 65536));
         train->add_option("--seq-len", o.seq_len, "bytes per window, 1 to 1048576")->check(whole(1, 1 << 20));
         train->add_option("--accum", o.accum, "micro-batches per step (gradient accumulation; divides --batch)")->check(whole(1, 65536));

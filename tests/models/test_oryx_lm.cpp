@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "hymix/io/safetensors_reader.hpp"
 #include "hymix/models/auto_model.hpp"
 #include "hymix/models/oryx_lm.hpp"
 #include "hymix/train/byte_lm.hpp"
@@ -223,6 +224,58 @@ TEST_CASE("oryx LM: block-random training with train_model lowers the loss and r
     MESSAGE("first and last rows: " << l1.front() << " ... " << l1.back());
     // The loss falls.
     CHECK(loss_of(l1.back()) < 0.8 * loss_of(l1.front()));
+}
+
+TEST_CASE("train_model with frozen parameters: they stay bit-identical, checkpoints hold no moments for them, resume is exact") {
+    const fs::path text = fs::path(HYMIX_TEST_TMP) / "oryx_lm_frozen.txt";
+    {
+        std::ofstream f(text, std::ios::binary | std::ios::trunc);
+        for (int i = 0; i < 100; ++i) f << "In the beginning God created the heaven and the earth. ";
+    }
+    const auto corpus = train::byte_corpus::load(text);
+    const auto s = spec("oryx-gdn");
+    const auto config = train::hf_config(s);
+    auto setup = train::oryx_setup<models::oryx_lm_stack>(config, s.oryx_block_size, 0.5, 1);
+    const auto is_frozen = [](const std::string& n) { return n == "embedding" || n.rfind("layers.0.", 0) == 0; };
+    setup.frozen = is_frozen;
+    train::train_options o;
+    o.steps = 8;
+    o.batch = 4;
+    o.seq_len = 32;
+    o.warmup = 2;
+    o.adamw.lr = 1e-2;
+    o.log_every = 1;
+    o.eval_bytes = 0;
+    o.progress = false;
+    const cpu_backend be(2);
+    const fs::path dir = fs::path(HYMIX_TEST_TMP) / "oryx_lm_frozen", dir2 = fs::path(HYMIX_TEST_TMP) / "oryx_lm_frozen_resume";
+    fs::remove_all(dir);
+    fs::remove_all(dir2);
+    auto m = train::random_oryx_lm(s, 5);
+    std::vector<std::vector<float>> before;
+    std::int64_t n_trained = 0;
+    m.for_each_param([&](const std::string& n, tensor<float>& t) {
+        if (is_frozen(n)) before.emplace_back(t.span().begin(), t.span().end());
+        else ++n_trained;
+    });
+    REQUIRE(before.size() >= 2);
+    REQUIRE(n_trained > 0);
+    train::train_model(be, m, corpus, o, setup, dir, false);
+    std::size_t k = 0;
+    const safetensors::file rd(train::latest_checkpoint(dir) / "trainer_state.safetensors");
+    m.for_each_param([&](const std::string& n, tensor<float>& t) {
+        CAPTURE(n);
+        CHECK(rd.contains(n + ".exp_avg") == !is_frozen(n));
+        CHECK(rd.contains(n + ".exp_avg_sq") == !is_frozen(n));
+        if (is_frozen(n)) CHECK(std::vector<float>(t.span().begin(), t.span().end()) == before[k++]);
+    });
+    auto m2 = train::random_oryx_lm(s, 5);
+    auto o2 = o;
+    o2.stop_after = 3;
+    train::train_model(be, m2, corpus, o2, setup, dir2, false);
+    auto m3 = models::load_oryx_lm(train::latest_checkpoint(dir2));
+    train::train_model(be, m3, corpus, o, setup, dir2, true);
+    CHECK(loss_curve(dir / "loss.csv") == loss_curve(dir2 / "loss.csv"));
 }
 
 TEST_CASE("oryx LM: train_model on recall batches (train_setup::batches) lowers the answer loss, resumes exactly, refuses bad batches") {

@@ -56,6 +56,13 @@ TEST_CASE("AdamW follows the decoupled-decay, bias-corrected update; vectors are
     const float before = b[0];
     opt.update(ps, 1e-2);
     CHECK(b[0] == before);
+    // Parameters frozen from the start get no moments.
+    adamw fresh(ps, cfg);
+    CHECK(fresh.exp_avg(0).numel() == 4);
+    CHECK(fresh.exp_avg(1).numel() == 0);
+    CHECK(fresh.exp_avg_sq(1).numel() == 0);
+    fresh.update(ps, 1e-2);
+    CHECK(b[0] == before);
 }
 
 TEST_CASE("global-norm clipping scales every gradient; a NaN gradient refuses the step") {

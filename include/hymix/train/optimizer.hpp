@@ -74,11 +74,13 @@ inline double clip_grad_norm(std::vector<param>& ps, double max_norm) {
 class adamw {
 public:
     adamw() = default;
-    /// Zero moments for every parameter of `ps` (shapes of their values).
+    /// Zero moments for every trainable parameter of `ps` (shapes of their values). A frozen parameter gets empty
+    /// moments (shape [0]): a frozen backbone costs the optimizer no memory and its checkpoints no bytes.
     adamw(const std::vector<param>& ps, adamw_config cfg) : cfg_(cfg) {
         for (const auto& p : ps) {
-            m_.emplace_back(p.value->shape());
-            v_.emplace_back(p.value->shape());
+            const auto shape = p.frozen ? std::vector<std::int64_t>{0} : p.value->shape();
+            m_.emplace_back(shape);
+            v_.emplace_back(shape);
         }
     }
     const adamw_config& config() const noexcept { return cfg_; }
@@ -102,7 +104,7 @@ public:
         const float b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
         for (std::size_t k = 0; k < ps.size(); ++k) {
             auto& p = ps[k];
-            if (p.frozen) continue;
+            if (p.frozen) continue;  // (a parameter frozen after construction keeps its moments, unchanged)
             if (p.value->shape() != m_[k].shape())
                 throw shape_error("adamw::update: parameter " + p.name + " has shape " + shape_string(p.value->shape()) +
                                   ", its moments " + shape_string(m_[k].shape()));

@@ -72,7 +72,7 @@ struct byte_lm_spec {
 /// Options of one training run (the fields a resumed run must share with the original are marked "fixed").
 struct train_options {
     std::int64_t steps = 1000;       ///< optimizer steps (the schedule's length)
-    double minutes = 0;              ///< wall-clock budget; 0 = none (the run stops after `steps` or this, first)
+    double minutes = 0;              ///< wall-clock budget of this call (a resumed run trains this much more); 0 = none; the run stops after `steps` or this, first
     std::int64_t stop_after = 0;     ///< stop (with a checkpoint) after this many steps of this run; 0 = none
     std::int64_t batch = 32;         ///< windows per optimizer step (fixed)
     std::int64_t seq_len = 512;      ///< bytes per window (fixed)

@@ -224,6 +224,7 @@ train_result train_model(const B& be, Model& m, const byte_corpus& corpus, const
                                       shape_string(dst.shape()));
                 dst = std::move(t);
             };
+            if (ps[i].frozen) continue;  // none kept (a checkpoint written before that holds zeros for it: ignored)
             load(ps[i].name + ".exp_avg", opt_state.exp_avg(i));
             load(ps[i].name + ".exp_avg_sq", opt_state.exp_avg_sq(i));
         }
@@ -295,6 +296,7 @@ train_result train_model(const B& be, Model& m, const byte_corpus& corpus, const
         setup.save(m, tmp);
         safetensors::writer w;
         for (std::size_t i = 0; i < ps.size(); ++i) {
+            if (ps[i].frozen) continue;  // no moments (adamw)
             w.add(ps[i].name + ".exp_avg", opt_state.exp_avg(i));
             w.add(ps[i].name + ".exp_avg_sq", opt_state.exp_avg_sq(i));
         }
@@ -321,7 +323,9 @@ train_result train_model(const B& be, Model& m, const byte_corpus& corpus, const
     std::int64_t step = opt_state.step();
     const std::int64_t first_step = step;
     std::vector<unsigned char> side;
-    const double budget = opt.minutes > 0 ? opt.minutes * 60.0 : INFINITY;
+    // --minutes counts this call's training (a resumed run gets that much more), so that a budget can be spread over
+    // calls of a fixed length; the curve's seconds keep counting the whole run.
+    const double budget = opt.minutes > 0 ? t_prev + opt.minutes * 60.0 : INFINITY;
     while (step < opt.steps && elapsed() < budget && (opt.stop_after <= 0 || step < first_step + opt.stop_after)) {
         zero_grads(ps);
         double loss = 0;
@@ -365,7 +369,7 @@ train_result train_model(const B& be, Model& m, const byte_corpus& corpus, const
             acc_n = 0;
             if (tty) {
                 const double frac_steps = static_cast<double>(step) / static_cast<double>(opt.steps);
-                const double frac_time = std::isfinite(budget) ? r.seconds / budget : 0.0;
+                const double frac_time = std::isfinite(budget) ? (r.seconds - t_prev) / (budget - t_prev) : 0.0;
                 const double frac = std::min(1.0, std::max(frac_steps, frac_time));
                 const double per_step = (r.seconds - t_prev) / static_cast<double>(std::max<std::int64_t>(1, step - first_step));
                 const double eta = std::min(per_step * static_cast<double>(opt.steps - step), budget - r.seconds);

@@ -66,6 +66,31 @@ std::vector<std::string> loss_curve(const fs::path& csv) {
     while (std::getline(f, line)) rows.push_back(line.substr(0, line.find(',', line.find(',', line.find(',') + 1) + 1)));
     return rows;
 }
+/// A corpus of `line` repeated n times, written to HYMIX_TEST_TMP/<name>.
+train::byte_corpus repeated_text(const std::string& name, const char* line, int n) {
+    const fs::path text = fs::path(HYMIX_TEST_TMP) / name;
+    {
+        std::ofstream f(text, std::ios::binary | std::ios::trunc);
+        for (int i = 0; i < n; ++i) f << line;
+    }
+    return train::byte_corpus::load(text);
+}
+
+/// The options of the small train_model runs here: batches of 4 windows, 2 warmup steps, lr 1e-2, a loss row per step,
+/// no progress bar and no held-out evaluation (a test that wants one sets eval_bytes).
+train::train_options small_run(std::int64_t steps, std::int64_t seq_len) {
+    train::train_options o;
+    o.steps = steps;
+    o.batch = 4;
+    o.seq_len = seq_len;
+    o.warmup = 2;
+    o.adamw.lr = 1e-2;
+    o.log_every = 1;
+    o.eval_bytes = 0;
+    o.progress = false;
+    return o;
+}
+
 /// The loss of one loss_curve row.
 double loss_of(const std::string& row) { return std::stod(row.substr(row.rfind(',') + 1)); }
 
@@ -184,23 +209,11 @@ TEST_CASE("oryx LM: config and tensor errors name their source; schedules need a
 
 TEST_CASE("oryx LM: block-random training with train_model lowers the loss and resumes to the identical loss curve") {
     const fs::path dir = fs::path(HYMIX_TEST_TMP) / "oryx_lm_train";
-    const fs::path text = fs::path(HYMIX_TEST_TMP) / "oryx_lm_train.txt";
-    {
-        std::ofstream f(text, std::ios::binary | std::ios::trunc);
-        for (int i = 0; i < 200; ++i) f << "And God said, Let there be light: and there was light. ";
-    }
-    const auto corpus = train::byte_corpus::load(text);
+    const auto corpus = repeated_text("oryx_lm_train.txt", "And God said, Let there be light: and there was light. ", 200);
     const auto s = spec("oryx-mamba2");
-    train::train_options o;
-    o.steps = 30;
-    o.batch = 4;
-    o.seq_len = 32;
-    o.warmup = 2;
-    o.adamw.lr = 1e-2;
-    o.log_every = 1;
+    auto o = small_run(30, 32);
     o.eval_bytes = 512;
     o.eval_window = 64;
-    o.progress = false;
     const cpu_backend be(2);
     const auto config = train::hf_config(s);
     fs::remove_all(dir);
@@ -227,26 +240,13 @@ TEST_CASE("oryx LM: block-random training with train_model lowers the loss and r
 }
 
 TEST_CASE("train_model with frozen parameters: they stay bit-identical, checkpoints hold no moments for them, resume is exact") {
-    const fs::path text = fs::path(HYMIX_TEST_TMP) / "oryx_lm_frozen.txt";
-    {
-        std::ofstream f(text, std::ios::binary | std::ios::trunc);
-        for (int i = 0; i < 100; ++i) f << "In the beginning God created the heaven and the earth. ";
-    }
-    const auto corpus = train::byte_corpus::load(text);
+    const auto corpus = repeated_text("oryx_lm_frozen.txt", "In the beginning God created the heaven and the earth. ", 100);
     const auto s = spec("oryx-gdn");
     const auto config = train::hf_config(s);
     auto setup = train::oryx_setup<models::oryx_lm_stack>(config, s.oryx_block_size, 0.5, 1);
     const auto is_frozen = [](const std::string& n) { return n == "embedding" || n.rfind("layers.0.", 0) == 0; };
     setup.frozen = is_frozen;
-    train::train_options o;
-    o.steps = 8;
-    o.batch = 4;
-    o.seq_len = 32;
-    o.warmup = 2;
-    o.adamw.lr = 1e-2;
-    o.log_every = 1;
-    o.eval_bytes = 0;
-    o.progress = false;
+    const auto o = small_run(8, 32);
     const cpu_backend be(2);
     const fs::path dir = fs::path(HYMIX_TEST_TMP) / "oryx_lm_frozen", dir2 = fs::path(HYMIX_TEST_TMP) / "oryx_lm_frozen_resume";
     fs::remove_all(dir);
@@ -279,12 +279,7 @@ TEST_CASE("train_model with frozen parameters: they stay bit-identical, checkpoi
 }
 
 TEST_CASE("oryx LM: train_model on recall batches (train_setup::batches) lowers the answer loss, resumes exactly, refuses bad batches") {
-    const fs::path text = fs::path(HYMIX_TEST_TMP) / "oryx_lm_recall.txt";
-    {
-        std::ofstream f(text, std::ios::binary | std::ios::trunc);
-        for (int i = 0; i < 100; ++i) f << "And God said, Let there be light: and there was light. ";
-    }
-    const auto corpus = train::byte_corpus::load(text);
+    const auto corpus = repeated_text("oryx_lm_recall.txt", "And God said, Let there be light: and there was light. ", 100);
     const train::recall_haystack hay(std::span<const std::uint8_t>(corpus.bytes).first(static_cast<std::size_t>(corpus.train_end)));
     const std::vector<train::recall_task> tasks{train::mqar_task(48, 8), train::needle_task(48, 2)};
     const auto s = spec("oryx-gdn");
@@ -294,15 +289,7 @@ TEST_CASE("oryx LM: train_model on recall batches (train_setup::batches) lowers 
         return train::make_recall_batch(std::span<const train::recall_task>(tasks), hay, n_seq, 7,
                                         static_cast<std::uint64_t>((step * 8 + micro) * n_seq));
     };
-    train::train_options o;
-    o.steps = 24;
-    o.batch = 4;
-    o.seq_len = 48;
-    o.warmup = 2;
-    o.adamw.lr = 1e-2;
-    o.log_every = 1;
-    o.eval_bytes = 0;  // no text evaluation
-    o.progress = false;
+    const auto o = small_run(24, 48);  // no text evaluation
     const cpu_backend be(2);
     const fs::path dir = fs::path(HYMIX_TEST_TMP) / "oryx_lm_recall", dir2 = fs::path(HYMIX_TEST_TMP) / "oryx_lm_recall_resume";
     fs::remove_all(dir);

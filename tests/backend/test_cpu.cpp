@@ -75,6 +75,8 @@ TEST_CASE("items_per_task and split_grain: parallel_for pieces hold at least the
     CHECK(items_per_task(6144, min_task_macs) == 11);   // a 24-column group of a 256-wide projection at batch 1
     CHECK(items_per_task(0, min_task_macs) == min_task_macs);
     CHECK(items_per_task(std::int64_t{1} << 30, min_task_macs) == 1);
+    CHECK(task_grain(6144) == split_grain(11));
+    CHECK(task_grain(std::int64_t{1} << 30) == 1);
     for (int threads : {2, 3, 4, 16}) {
         const hymix::cpu_backend be(threads);
         for (std::int64_t n : {1, 5, 21, 22, 43, 100, 1000}) {

@@ -27,4 +27,9 @@ constexpr std::int64_t items_per_task(std::int64_t work_per_item, std::int64_t m
 /// every piece at min_items or more (and a range of fewer than 2 · min_items items runs as one task, inline).
 constexpr std::int64_t split_grain(std::int64_t min_items) noexcept { return 2 * std::max<std::int64_t>(min_items, 1) - 1; }
 
+/// The parallel_for grain for items of `macs_per_item` multiply-adds each: tasks of at least min_task_macs.
+constexpr std::int64_t task_grain(std::int64_t macs_per_item) noexcept {
+    return split_grain(items_per_task(macs_per_item, min_task_macs));
+}
+
 }  // namespace hymix

@@ -397,7 +397,7 @@ template <class Arch, class Backend, class F>
 void for_column_groups(const Backend& be, std::int64_t M, std::int64_t K, std::int64_t N, F&& f) {
     constexpr std::int64_t G = linear_tiles<Arch>::group;
     const std::int64_t groups = (N + G - 1) / G;
-    const std::int64_t grain = std::max({std::int64_t{1}, groups / (4 * be.num_threads()), split_grain(items_per_task(M * K * G, min_task_macs))});
+    const std::int64_t grain = std::max({std::int64_t{1}, groups / (4 * be.num_threads()), task_grain(M * K * G)});
     be.parallel_for(groups, grain, [&](std::int64_t g0, std::int64_t g1) { f(g0 * G, std::min(N, g1 * G)); });
 }
 

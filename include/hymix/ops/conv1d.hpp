@@ -76,7 +76,7 @@ struct op_impl<ops::causal_conv1d_op, basic_cpu_backend<Arch>> {
         // prefill sharing the call with decode rows keeps a task per problem.
         std::int64_t macs = 0;
         for (const auto& p : ps) macs = std::max(macs, p.x.dim(0) * p.x.dim(1) * p.w.dim(1));
-        be.parallel_for(static_cast<std::int64_t>(ps.size()), split_grain(items_per_task(macs, min_task_macs)), [&](std::int64_t b, std::int64_t e) {
+        be.parallel_for(static_cast<std::int64_t>(ps.size()), task_grain(macs), [&](std::int64_t b, std::int64_t e) {
             for (std::int64_t i = b; i < e; ++i) {
                 const auto& p = ps[static_cast<std::size_t>(i)];
                 kernels::causal_conv1d<float>(p.x, p.w, p.bias, p.state, act, p.out);

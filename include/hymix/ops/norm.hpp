@@ -81,7 +81,7 @@ struct op_impl<ops::gated_rms_norm_op, basic_cpu_backend<Arch>> {
         const std::int64_t M = y.dim(0), G = y.dim(1), gs = y.dim(2);
         const std::int64_t rb = 64, nrb = (M + rb - 1) / rb;
         // About 4 multiply-add equivalents per element (square-sum, scale, the gate's sigmoid and product).
-        be.parallel_for(G * nrb, split_grain(items_per_task(4 * std::min(rb, M) * gs, min_task_macs)), [&](std::int64_t b0, std::int64_t b1) {
+        be.parallel_for(G * nrb, task_grain(4 * std::min(rb, M) * gs), [&](std::int64_t b0, std::int64_t b1) {
             for (std::int64_t i = b0; i < b1; ++i) {
                 const std::int64_t g = i / nrb, r0 = (i % nrb) * rb, m = std::min(rb, M - r0);
                 auto col = [&](auto v) {  // [m, gs] view of group g, rows r0..r0+m

@@ -43,6 +43,28 @@ hymix::models::amor_config amor_config_of(const amor_train_options& o, const std
     return c;
 }
 
+/// The options of an AMOR run that a resumed call must repeat: the blocks' shape and their gate (amor_config keys).
+nlohmann::json resume_fixed(const hymix::models::amor_config& c) {
+    const auto j = c.to_json();
+    nlohmann::json out;
+    for (const char* k : {"backbone", "n_amor_blocks", "residual_mode", "n_heads", "head_dim", "offset_k", "ema_momentum", "gate_offset",
+                          "offset_mode", "attention_mode"})
+        out[k] = j.at(k);
+    return out;
+}
+
+/// What identifies a backbone checkpoint wherever its folder lies: its config.json as written (parsed as plain JSON, so
+/// that values such as an infinite time_step_limit survive the round trip) and the size of its weights.
+nlohmann::json backbone_identity(const std::filesystem::path& dir) {
+    std::ifstream cf(dir / "config.json");
+    const auto config = nlohmann::json::parse(cf, nullptr, false);  // the checkpoint reader has already refused a bad one
+    std::uintmax_t bytes = 0;
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+        if (e.is_regular_file() && e.path().extension() == ".safetensors" && e.path().filename().string().rfind("model", 0) == 0)
+            bytes += e.file_size();
+    return {{"config", config}, {"weights_bytes", bytes}};
+}
+
 /// Whether a parameter of the AMOR stack is trained: the AMOR layers (index >= n_backbone) and final_norm.
 bool amor_trainable(const std::string& name, std::int64_t n_backbone) {
     if (name == "final_norm") return true;
@@ -56,6 +78,16 @@ int train_amor(const common_options& c, const amor_train_options& o, Backbone bb
     namespace fs = std::filesystem;
     const std::int64_t n_backbone = bb.n_layers();
     auto ac = amor_config_of(o, backbone_kind);
+    if (resume) {
+        const auto file = hymix::train::latest_checkpoint(o.out) / "amor.safetensors";
+        const auto saved = hymix::models::read_amor_config(file);
+        if (resume_fixed(saved) != resume_fixed(ac))
+            throw hymix::config_error(fmt::format("amor-train --resume: {} was trained with {}, this call asks for {} (these options "
+                                                  "must match: repeat the run's --blocks, --heads, --head-dim, --residual, --kappa, "
+                                                  "--momentum, --gate-offset, --offset-mode and --always-on, and its backbone)",
+                                                  file.string(), resume_fixed(saved).dump(), resume_fixed(ac).dump()));
+        console::note("amor-train: resuming from {}", file.parent_path().string());
+    }
     S m = resume ? hymix::models::load_amor<S>(std::move(bb), hymix::train::latest_checkpoint(o.out) / "amor.safetensors")
                  : hymix::models::make_amor<S>(std::move(bb), ac, o.train.seed);
     if (resume) ac = hymix::models::read_amor_config(hymix::train::latest_checkpoint(o.out) / "amor.safetensors");
@@ -78,10 +110,19 @@ int train_amor(const common_options& c, const amor_train_options& o, Backbone bb
         fs::create_directories(dir);
         hymix::models::save_amor(model, n_backbone, ac, dir / "amor.safetensors");
     };
-    const auto r = hymix::train::train_model(be, m, corpus, o.train, setup, o.out, resume, &std::cerr);
+    auto topt = o.train;
+    topt.interrupt = install_training_interrupt();
+    const auto r = hymix::train::train_model(be, m, corpus, topt, setup, o.out, resume, &std::cerr);
     console::end_lines();
-    fmt::print("trained {} steps ({} tokens) in {:.1f} s: {:.0f} tokens/s; final train loss {:.4f} nats\n", r.steps_done, r.tokens,
-               r.seconds, r.tokens_per_s, r.final_loss);
+    if (r.resumed && r.steps_done == r.resumed_from && r.steps_done >= o.train.steps)
+        console::note("amor-train: the run already holds its {} steps (--steps {}): nothing trained", r.steps_done, o.train.steps);
+    fmt::print("trained {} steps ({} tokens) in {:.1f} s: {:.0f} tokens/s; final train loss {}\n", r.steps_done, r.tokens,
+               r.seconds, r.tokens_per_s, std::isfinite(r.final_loss) ? fmt::format("{:.4f} nats", r.final_loss) : std::string("- (no step trained)"));
+    if (r.interrupted) {
+        console::note("amor-train: interrupted at step {}: checkpoint {} written; --resume continues the run", r.steps_done,
+                      r.checkpoint.string());
+        return exit_interrupted;
+    }
     fmt::print("amor file: {}\n", (r.checkpoint / "amor.safetensors").string());
     const std::span<const std::uint8_t> text(corpus.bytes);
     for (std::int64_t L : {512, 2048}) {
@@ -102,9 +143,25 @@ int run_amor_train(const common_options& c, const amor_train_options& o) {
     const auto dir = resolve_model_dir(c.model);
     const auto corpus = hymix::train::byte_corpus::load(o.text);
     const bool resume = o.resume && fs::exists(o.out / "latest");
+    if (o.resume && !resume) console::note("amor-train: --resume given but '{}' holds no checkpoint: starting fresh", o.out.string());
     if (!o.resume && fs::exists(o.out / "latest"))
         throw usage_error(fmt::format("'{}' already holds a training run: pass --resume to continue it, or choose another --out", o.out.string()));
     hymix::models::checkpoint_reader rd(dir);
+    // The backbone a run was started on (backbone.json in --out): a resumed call must load the same one.
+    const auto ident = backbone_identity(dir);
+    const auto ident_file = o.out / "backbone.json";
+    if (resume && fs::exists(ident_file)) {
+        std::ifstream f(ident_file);
+        const auto saved = nlohmann::json::parse(f, nullptr, false);
+        if (saved.is_discarded()) throw hymix::format_error(ident_file.string() + ": not JSON");
+        if (saved != ident)
+            throw hymix::config_error(fmt::format("amor-train --resume: the run in '{}' was trained on another backbone than --model '{}' "
+                                                  "({} differs: its config.json or the size of its weights): pass the run's own backbone",
+                                                  o.out.string(), dir.string(), ident_file.string()));
+    } else if (!resume) {
+        fs::create_directories(o.out);
+        std::ofstream(ident_file) << ident.dump(1) << "\n";
+    }
     const auto mt = rd.config().value("model_type", "");
     if (mt == "mamba2")
         return train_amor<hymix::models::amor_mamba2_stack<>>(c, o, hymix::models::load_hf_mamba2<hymix::models::hf_mamba2_stack>(rd), "mamba2",

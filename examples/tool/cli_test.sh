@@ -277,6 +277,37 @@ amor)
         --blocks 2 --heads 2 --head-dim 16 --kappa 0.2 --steps 6 --out "$work/am"
     trained512=$(sed -n 's/^held-out window 512: bits\/byte \([0-9.]*\);.*/\1/p' "$work/all")
     amor=$work/am/checkpoint-6/amor.safetensors
+    # Resuming (on a copy): other block or gate options are refused, the same ones continue the run; Ctrl-C (SIGINT)
+    # stops it after the step in hand with a checkpoint (exit 130) that --resume continues.
+    cp -r "$work/am" "$work/am2"
+    expect1 2 "these options must match" amor-train -m "$bb" "${base[@]}" --blocks 2 --heads 2 --head-dim 16 --kappa 0.9 --steps 8 \
+        --out "$work/am2" --resume
+    expect1 2 "these options must match" amor-train -m "$bb" "${base[@]}" --blocks 3 --heads 2 --head-dim 16 --kappa 0.2 --steps 8 \
+        --out "$work/am2" --resume
+    expect1 0 "resuming from .*checkpoint-6" amor-train -m "$bb" "${base[@]}" --blocks 2 --heads 2 --head-dim 16 --kappa 0.2 --steps 8 \
+        --out "$work/am2" --resume
+    [ "$(cat "$work/am2/latest")" = checkpoint-8 ] && echo "ok:   the resumed run reached checkpoint-8" \
+        || { echo "FAIL: resumed run's latest is '$(cat "$work/am2/latest")'"; failures=$((failures + 1)); }
+    "$tool" amor-train -m "$bb" "${base[@]}" --blocks 2 --heads 2 --head-dim 16 --kappa 0.2 --steps 1000000 \
+        --out "$work/am2" --resume >"$work/int.out" 2>"$work/int.err" &
+    pid=$!
+    for _ in $(seq 600); do grep -q "^step 12 " "$work/int.err" 2>/dev/null && break; sleep 0.1; done
+    kill -INT "$pid"
+    wait "$pid"
+    rc=$?
+    step=$(sed -n 's/^checkpoint-//p' "$work/am2/latest")
+    if [ "$rc" = 130 ] && grep -q "interrupted at step $step: checkpoint" "$work/int.err" && [ "${step:-0}" -gt 12 ] \
+        && [ -f "$work/am2/checkpoint-$step/amor.safetensors" ]; then
+        echo "ok:   SIGINT stopped amor-train at step $step with its checkpoint (exit 130)"
+    else
+        echo "FAIL: SIGINT: exit $rc, latest '$(cat "$work/am2/latest")'"; tail -5 "$work/int.err"; failures=$((failures + 1))
+    fi
+    expect1 0 "resuming from .*checkpoint-$step" amor-train -m "$bb" "${base[@]}" --blocks 2 --heads 2 --head-dim 16 --kappa 0.2 \
+        --steps $((step + 2)) --out "$work/am2" --resume
+    expect1 0 "already holds its $((step + 2)) steps" amor-train -m "$bb" "${base[@]}" --blocks 2 --heads 2 --head-dim 16 --kappa 0.2 \
+        --steps $((step + 2)) --out "$work/am2" --resume
+    expect1 0 "holds no checkpoint: starting fresh" amor-train -m "$bb" "${base[@]}" --blocks 2 --heads 2 --head-dim 16 --steps 2 \
+        --out "$work/am3" --resume
     expect 0 "wrote .*sweep.svg" amor-sweep -m "$bb" --amor "$amor" --text "$work/text.txt" --eval-bytes 2048 --window 256,512 \
         --kappa -1,0.2,100 --threads 1 --csv "$work/sweep.csv" --svg "$work/sweep.svg"
     grep -q "<svg" "$work/sweep.svg" && echo "ok:   sweep.svg is an SVG" || { echo "FAIL: sweep.svg"; failures=$((failures + 1)); }
@@ -320,6 +351,9 @@ amor)
         --out "$work/gdn"
     expect 2 "an AMOR file for a mamba2 backbone, but .*config.json has model_type 'qwen3_5_text'" amor-sweep -m "$work/gdn/checkpoint-2" \
         --amor "$amor" --text "$work/text.txt"
+    expect1 2 "trained on another backbone" amor-train -m "$work/gdn/checkpoint-2" "${base[@]}" --blocks 2 --heads 2 --head-dim 16 \
+        --kappa 0.2 --steps 12 --out "$work/am2" --resume
+    expect 2 "nope.safetensors" score -m "$bb" --amor "$work/nope.safetensors" --text "$work/text.txt" --bytes 600
     { head -3 "$work/sweep.csv"; echo "kappa,0.5,256,nan,1792,0.5,0.5,0.5"; } >"$work/bad.csv"
     expect 2 "bad.csv:4: expected a row .* found 'kappa,0.5,256,nan" amor-sweep --from-csv "$work/bad.csv" --svg "$work/bad.svg"
     # Blocks trained always on never moved their gate statistics: no κ rows, only the backbone, untrained and always on.

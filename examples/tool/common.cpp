@@ -1,5 +1,6 @@
 // Pieces of the `hymix` tool that every command uses: console output, reading files named by options, the
 // model directory, config.json settings and the exit-code table.
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -23,7 +24,22 @@ std::string exit_code_help() {
            "  2  an input cannot be used (model directory, config.json, weights, text, prompt or input file)\n"
            "  3  NaN or Inf in the weights (see --allow-nonfinite) or in a result (logits, bits/byte)\n"
            "  4  out of memory\n"
-           "  5  any other failure (a bug: please report it)\n";
+           "  5  any other failure (a bug: please report it)\n"
+           "  130  train / amor-train stopped by Ctrl-C (SIGINT) or SIGTERM, after writing a checkpoint (--resume continues)\n";
+}
+
+namespace {
+std::atomic<bool> training_interrupted{false};
+extern "C" void on_training_signal(int sig) {
+    training_interrupted.store(true);
+    std::signal(sig, SIG_DFL);  // a second signal ends the process
+}
+}  // namespace
+
+const std::atomic<bool>* install_training_interrupt() {
+    std::signal(SIGINT, on_training_signal);
+    std::signal(SIGTERM, on_training_signal);
+    return &training_interrupted;
 }
 
 namespace console {

@@ -164,8 +164,7 @@ struct command_line {
             ->check(whole(3, std::int64_t{1} << 40));
         amor_sweep->add_option("--csv", sweep.csv, "CSV file to write (one row per variant and window)");
         amor_sweep->add_option("--svg", sweep.svg, "SVG plot to write: bits/byte against the mean fire rate, one line per window");
-        amor_sweep->add_option("--from-csv", sweep.from_csv, "re-draw the --svg plot of a finished sweep from its --csv file (no model is loaded)")
-            ->check(CLI::ExistingFile);
+        amor_sweep->add_option("--from-csv", sweep.from_csv, "re-draw the --svg plot of a finished sweep from its --csv file (no model is loaded)");
 
         amor_router = command("amor-router",
                               "fit one entropy router per AMOR block (spec.md §5.6: Ĥ from the block's input, no LM-head pass) on "
@@ -278,14 +277,12 @@ struct command_line {
                 ->check(CLI::IsMember({"f32", "bf16", "f16", "i8"}))
                 ->capture_default_str();
         c->add_option("--amor", common.amor,
-                      "AMOR file (entropy-gated attention blocks trained on the --model backbone; spec.md §5) to run on top of it")
-            ->check(CLI::ExistingFile);
+                      "AMOR file (entropy-gated attention blocks trained on the --model backbone; spec.md §5) to run on top of it");
         if (inference)
             c->add_option("--router", common.router,
                           "router file of the --amor blocks (hymix amor-router; spec.md §5.6): the gates fire on a small regressor's "
                           "estimate of the head entropy instead of the LM head pass (pays once the vocabulary exceeds the router width + 1: "
-                          "about 513 with amor-router's default --hidden 512)")
-                ->check(CLI::ExistingFile);
+                          "about 513 with amor-router's default --hidden 512)");
         c->add_flag("--allow-nonfinite", common.allow_nonfinite,
                     "load weights holding NaN / Inf (each such tensor is named in a warning); logits writes non-finite "
                     "results");

@@ -2,6 +2,7 @@
 // keeps errors on a fresh line, model loading, and the commands themselves.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -27,10 +28,16 @@ enum exit_code : int {
     exit_nonfinite = 3,      // NaN / Inf in the weights (see --allow-nonfinite) or in a result
     exit_out_of_memory = 4,  // the model, batch or window does not fit in memory
     exit_internal = 5,       // any other failure (a bug: please report it)
+    exit_interrupted = 130,  // train / amor-train stopped by SIGINT or SIGTERM, after writing a checkpoint
 };
 
 /// The exit-code table as printed by --help.
 std::string exit_code_help();
+
+/// For the training commands: installs SIGINT and SIGTERM handlers and returns their flag (for
+/// train_options::interrupt). The first signal sets it, so the run stops after the step in hand and writes its
+/// checkpoint; the handlers then give the signals back their default action, so a second one ends the process at once.
+const std::atomic<bool>* install_training_interrupt();
 
 /// A command-line mistake found after parsing (exit_usage).
 struct usage_error : std::runtime_error {

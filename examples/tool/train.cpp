@@ -31,13 +31,23 @@ int train_stack(const train_command_options& o, Model m, const nlohmann::json& c
     m.for_each_param([&](const std::string&, hymix::tensor<float>& t) { n_params += t.numel(); });
     console::note("train: {} stack, {} layers, d_model {}, {} parameters; {} bytes of training text, {} held out; {} threads",
                   o.spec.stack, o.spec.n_layers, o.spec.d_model, n_params, corpus.n_train(), corpus.n_heldout(), be.num_threads());
-    const auto r = hymix::train::train_model(be, m, corpus, o.train, setup, o.out, resume, &std::cerr);
+    auto topt = o.train;
+    topt.interrupt = install_training_interrupt();
+    const auto r = hymix::train::train_model(be, m, corpus, topt, setup, o.out, resume, &std::cerr);
     console::end_lines();
-    fmt::print("trained {} steps ({} tokens) in {:.1f} s: {:.0f} tokens/s; final train loss {:.4f} nats ({:.4f} bits/byte); "
-               "held-out bits/byte {:.4f}\n",
-               r.steps_done, r.tokens, r.seconds, r.tokens_per_s, r.final_loss, r.final_loss / std::log(2.0), r.heldout_bpb);
+    if (r.resumed && r.steps_done == r.resumed_from && r.steps_done >= o.train.steps)
+        console::note("train: the run already holds its {} steps (--steps {}): nothing trained", r.steps_done, o.train.steps);
+    fmt::print("trained {} steps ({} tokens) in {:.1f} s: {:.0f} tokens/s; final train loss {}; held-out bits/byte {:.4f}\n", r.steps_done,
+               r.tokens, r.seconds, r.tokens_per_s,
+               std::isfinite(r.final_loss) ? fmt::format("{:.4f} nats ({:.4f} bits/byte)", r.final_loss, r.final_loss / std::log(2.0))
+                                           : std::string("- (no step trained)"),
+               r.heldout_bpb);
     fmt::print("checkpoint: {}  (loss curve: {}, {})\n", r.checkpoint.string(), (o.out / "loss.csv").string(),
                (o.out / "loss.svg").string());
+    if (r.interrupted) {
+        console::note("train: interrupted at step {}: checkpoint written; --resume continues the run", r.steps_done);
+        return exit_interrupted;
+    }
     if (!o.export_bf16.empty()) {
         hymix::train::save_hf(m, config, o.export_bf16, hymix::dtype::bf16);
         fmt::print("bf16 export: {}\n", o.export_bf16.string());

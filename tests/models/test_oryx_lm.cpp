@@ -11,9 +11,11 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -276,6 +278,79 @@ TEST_CASE("train_model with frozen parameters: they stay bit-identical, checkpoi
     auto m3 = models::load_oryx_lm(train::latest_checkpoint(dir2));
     train::train_model(be, m3, corpus, o, setup, dir2, true);
     CHECK(loss_curve(dir / "loss.csv") == loss_curve(dir2 / "loss.csv"));
+}
+
+TEST_CASE("train_model: a call ending off a log boundary logs its own steps and resumes with the run's tokens; the interrupt "
+          "flag stops a run after the step in hand, with its checkpoint") {
+    const auto corpus = repeated_text("trainer_rows.txt", "And the evening and the morning were the first day. ", 100);
+    const auto s = spec("oryx-gdn");
+    const auto config = train::hf_config(s);
+    const auto setup = train::oryx_setup<models::oryx_lm_stack>(config, s.oryx_block_size, 0.5, 1);
+    auto o = small_run(20, 32);
+    o.log_every = 10;
+    const cpu_backend be(2);
+    // All fields of every loss.csv row ("nan" parsed as a value).
+    auto rows = [](const fs::path& csv) {
+        std::vector<std::vector<double>> out;
+        std::ifstream f(csv);
+        std::string line;
+        std::getline(f, line);
+        while (std::getline(f, line)) {
+            std::vector<double> r;
+            std::istringstream is(line);
+            for (std::string x; std::getline(is, x, ',');) r.push_back(x.empty() ? NAN : std::strtod(x.c_str(), nullptr));
+            out.push_back(r);
+        }
+        return out;
+    };
+    const std::int64_t per_step = o.batch * o.seq_len;
+    const fs::path dir = fs::path(HYMIX_TEST_TMP) / "trainer_rows";
+    fs::remove_all(dir);
+    auto o1 = o;
+    o1.stop_after = 5;  // ends between log rows
+    auto m = train::random_oryx_lm(s, 5);
+    const auto r1 = train::train_model(be, m, corpus, o1, setup, dir, false);
+    CHECK(r1.steps_done == 5);
+    auto c1 = rows(dir / "loss.csv");
+    REQUIRE(c1.size() == 1);
+    CHECK(c1[0][0] == 5);
+    CHECK(c1[0][1] == 5 * per_step);
+    CHECK(std::isfinite(c1[0][2]));  // the mean loss of steps 1-5, not a copy of an earlier row
+    CHECK(r1.final_loss == doctest::Approx(c1[0][2]).epsilon(1e-5));
+    auto m2 = models::load_oryx_lm(train::latest_checkpoint(dir));
+    const auto r2 = train::train_model(be, m2, corpus, o, setup, dir, true);
+    CHECK(r2.resumed_from == 5);
+    CHECK(r2.steps_done == 20);
+    CHECK(r2.tokens == 20 * per_step);
+    const auto c2 = rows(dir / "loss.csv");
+    REQUIRE(c2.size() == 3);
+    CHECK(c2[0][0] == 5);
+    CHECK(c2[1][0] == 10);
+    CHECK(c2[1][1] == 10 * per_step);
+    CHECK(c2[2][0] == 20);
+    CHECK(c2[2][1] == 20 * per_step);
+    CHECK(c2[2][6] >= c2[0][6]);  // seconds keep counting the whole run
+
+    // The interrupt flag, raised during step 3 (as a signal handler would), ends the run after it with a checkpoint.
+    const fs::path dir3 = fs::path(HYMIX_TEST_TMP) / "trainer_interrupt";
+    fs::remove_all(dir3);
+    std::atomic<bool> stop{false};
+    auto setup3 = setup;
+    setup3.side = [&, inner = setup.side](const seq_batch& b, std::int64_t step, std::int64_t micro, std::vector<unsigned char>& out) {
+        inner(b, step, micro, out);
+        if (step == 2) stop = true;
+    };
+    auto o3 = o;
+    o3.interrupt = &stop;
+    auto m3 = train::random_oryx_lm(s, 5);
+    const auto r3 = train::train_model(be, m3, corpus, o3, setup3, dir3, false);
+    CHECK(r3.interrupted);
+    CHECK(r3.steps_done == 3);
+    CHECK(train::latest_checkpoint(dir3).filename() == "checkpoint-3");
+    const auto c3 = rows(dir3 / "loss.csv");
+    REQUIRE(c3.size() == 1);
+    CHECK(c3[0][0] == 3);
+    CHECK(c3[0][1] == 3 * per_step);
 }
 
 TEST_CASE("oryx LM: train_model on recall batches (train_setup::batches) lowers the answer loss, resumes exactly, refuses bad batches") {

@@ -3,6 +3,7 @@
 // trainer.hpp).
 #pragma once
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -89,6 +90,9 @@ struct train_options {
     std::int64_t eval_window = 512;
     std::int64_t checkpoint_every = 0;  ///< steps between checkpoints (0 = only at the end)
     bool progress = true;            ///< draw a progress line on stderr when it is a terminal
+    /// When set and it becomes true (a SIGINT / SIGTERM handler's flag, say), the run stops after the step in hand and
+    /// ends as at `minutes`: final row, held-out evaluation, checkpoint (train_result::interrupted says so).
+    const std::atomic<bool>* interrupt = nullptr;
 
     lr_schedule schedule() const {
         return lr_schedule{adamw.lr, warmup, steps, decay, adamw.lr * min_lr_ratio};

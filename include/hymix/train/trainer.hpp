@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -50,6 +51,8 @@ struct train_result {
     double seconds = 0, final_loss = NAN, heldout_bpb = NAN, tokens_per_s = 0;
     std::filesystem::path checkpoint;
     bool resumed = false;
+    std::int64_t resumed_from = 0;  ///< the step of the checkpoint a resumed run started from
+    bool interrupted = false;       ///< train_options::interrupt stopped the run
 };
 
 /// A stack as a causal_lm (text/score.hpp) on a given backend, for held-out evaluation during training.
@@ -200,6 +203,8 @@ train_result train_model(const B& be, Model& m, const byte_corpus& corpus, const
     std::vector<loss_row> rows;
     train_result res;
     const auto schedule = opt.schedule();
+    std::int64_t resumed_tokens = 0;
+    double resumed_seconds = 0;
 
     if (resume) {
         const fs::path ck = latest_checkpoint(out_dir);
@@ -228,21 +233,33 @@ train_result train_model(const B& be, Model& m, const byte_corpus& corpus, const
             load(ps[i].name + ".exp_avg", opt_state.exp_avg(i));
             load(ps[i].name + ".exp_avg_sq", opt_state.exp_avg_sq(i));
         }
-        // The loss curve up to the checkpoint.
+        // The loss curve up to the checkpoint (fields parsed one by one: "nan" is a value, not the end of a row).
         std::ifstream cf(out_dir / "loss.csv");
         std::string line;
         std::getline(cf, line);
         while (std::getline(cf, line)) {
-            loss_row r;
+            std::vector<std::string> f;
             std::istringstream is(line);
-            char c;
-            std::string bpb;
-            if (!(is >> r.step >> c >> r.tokens >> c >> r.loss >> c >> r.lr >> c >> r.grad_norm >> c >> r.tokens_per_s >> c >> r.seconds >> c))
-                continue;
-            std::getline(is, bpb);
-            r.eval_bpb = bpb.empty() ? NAN : std::stod(bpb);
+            for (std::string x; std::getline(is, x, ',');) f.push_back(x);
+            if (f.size() < 7) continue;
+            auto num = [](const std::string& x) { return x.empty() ? NAN : std::strtod(x.c_str(), nullptr); };
+            loss_row r;
+            r.step = std::strtoll(f[0].c_str(), nullptr, 10);
+            r.tokens = std::strtoll(f[1].c_str(), nullptr, 10);
+            r.loss = num(f[2]);
+            r.lr = num(f[3]);
+            r.grad_norm = num(f[4]);
+            r.tokens_per_s = num(f[5]);
+            r.seconds = num(f[6]);
+            r.eval_bpb = f.size() > 7 ? num(f[7]) : NAN;
             if (r.step <= opt_state.step()) rows.push_back(r);
         }
+        // Tokens and seconds so far: the checkpoint's own (older checkpoints: the curve's last row).
+        if (auto it = meta.find("tokens"); it != meta.end()) resumed_tokens = std::stoll(it->second);
+        else if (!rows.empty()) resumed_tokens = rows.back().tokens;
+        if (auto it = meta.find("seconds"); it != meta.end()) resumed_seconds = std::stod(it->second);
+        else if (!rows.empty()) resumed_seconds = rows.back().seconds;
+        res.resumed_from = opt_state.step();
         res.resumed = true;
     }
 
@@ -250,8 +267,8 @@ train_result train_model(const B& be, Model& m, const byte_corpus& corpus, const
     activations<Model> acts;
     acts.frozen_prefix = setup.frozen_prefix;
     const auto t0 = std::chrono::steady_clock::now();
-    const double t_prev = rows.empty() ? 0.0 : rows.back().seconds;
-    std::int64_t tokens = rows.empty() ? 0 : rows.back().tokens;
+    const double t_prev = resumed_seconds;
+    std::int64_t tokens = resumed_tokens;
     const bool tty = opt.progress && ::isatty(2);
     double loss_acc = 0, gn_acc = 0;
     std::int64_t acc_n = 0;
@@ -289,7 +306,7 @@ train_result train_model(const B& be, Model& m, const byte_corpus& corpus, const
         write_svg(out_dir / "loss.svg", p);
     };
 
-    auto save = [&](std::int64_t step) {
+    auto save = [&](std::int64_t step, double seconds) {
         const std::string name = "checkpoint-" + std::to_string(step);
         const fs::path tmp = out_dir / ("." + name + ".tmp"), dst = out_dir / name;
         fs::remove_all(tmp);
@@ -304,6 +321,9 @@ train_result train_model(const B& be, Model& m, const byte_corpus& corpus, const
         w.set_metadata("sampler", sampler.state());
         w.set_metadata("options", opt.fixed().dump());
         w.set_metadata("tokens", std::to_string(tokens));
+        char secs[32];
+        std::snprintf(secs, sizeof secs, "%.3f", seconds);
+        w.set_metadata("seconds", secs);
         w.write(tmp / "trainer_state.safetensors");
         detail::fsync_path(tmp);
         write_curve();  // before `latest` moves: a resumed run reads the rows up to its checkpoint from it
@@ -326,7 +346,8 @@ train_result train_model(const B& be, Model& m, const byte_corpus& corpus, const
     // --minutes counts this call's training (a resumed run gets that much more), so that a budget can be spread over
     // calls of a fixed length; the curve's seconds keep counting the whole run.
     const double budget = opt.minutes > 0 ? t_prev + opt.minutes * 60.0 : INFINITY;
-    while (step < opt.steps && elapsed() < budget && (opt.stop_after <= 0 || step < first_step + opt.stop_after)) {
+    auto interrupted = [&] { return opt.interrupt && opt.interrupt->load(std::memory_order_relaxed); };
+    while (step < opt.steps && elapsed() < budget && (opt.stop_after <= 0 || step < first_step + opt.stop_after) && !interrupted()) {
         zero_grads(ps);
         double loss = 0;
         for (std::int64_t k = 0; k < opt.accum; ++k) {
@@ -386,26 +407,31 @@ train_result train_model(const B& be, Model& m, const byte_corpus& corpus, const
                 *log << b << std::flush;
             }
         }
-        if (opt.checkpoint_every > 0 && step % opt.checkpoint_every == 0 && !last) save(step);
+        if (opt.checkpoint_every > 0 && step % opt.checkpoint_every == 0 && !last) save(step, elapsed());
     }
     if (tty) std::fprintf(stderr, "\n");
     res.steps_done = step;
     res.tokens = tokens;
     res.seconds = elapsed();
     res.tokens_per_s = run_tokens / std::max(1e-9, res.seconds - t_prev);
-    res.final_loss = rows.empty() ? NAN : rows.back().loss;
-    res.heldout_bpb = evaluate();
-    if (!rows.empty() && rows.back().step == step) rows.back().eval_bpb = res.heldout_bpb;
-    else {
+    res.interrupted = interrupted();
+    // The steps since the last logged row (a call that ends off a log boundary) make a row of their own: their mean
+    // loss, not the previous row's. A call that trained no step adds no row.
+    if (acc_n > 0) {
         loss_row r;
         r.step = step;
         r.tokens = tokens;
-        r.loss = res.final_loss;
+        r.loss = loss_acc / static_cast<double>(acc_n);
+        r.lr = schedule(step - 1);
+        r.grad_norm = gn_acc / static_cast<double>(acc_n);
         r.seconds = res.seconds;
-        r.eval_bpb = res.heldout_bpb;
+        r.tokens_per_s = res.tokens_per_s;
         rows.push_back(r);
     }
-    save(step);
+    res.final_loss = rows.empty() ? NAN : rows.back().loss;
+    res.heldout_bpb = evaluate();
+    if (!rows.empty() && rows.back().step == step) rows.back().eval_bpb = res.heldout_bpb;
+    save(step, res.seconds);
     return res;
 }
 

@@ -53,16 +53,18 @@ nlohmann::json resume_fixed(const hymix::models::amor_config& c) {
     return out;
 }
 
-/// What identifies a backbone checkpoint wherever its folder lies: its config.json as written (parsed as plain JSON, so
-/// that values such as an infinite time_step_limit survive the round trip) and the size of its weights.
+/// What identifies a backbone checkpoint wherever its folder lies: a 64-bit FNV-1a hash of its config.json's bytes (as
+/// written: Python's bare Infinity / NaN included) and the size of its weights.
 nlohmann::json backbone_identity(const std::filesystem::path& dir) {
-    std::ifstream cf(dir / "config.json");
-    const auto config = nlohmann::json::parse(cf, nullptr, false);  // the checkpoint reader has already refused a bad one
+    std::ifstream cf(dir / "config.json", std::ios::binary);
+    if (!cf) throw hymix::io_error("cannot read '" + (dir / "config.json").string() + "'");
+    std::uint64_t h = 14695981039346656037ull;
+    for (char ch; cf.get(ch);) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
     std::uintmax_t bytes = 0;
     for (const auto& e : std::filesystem::directory_iterator(dir))
         if (e.is_regular_file() && e.path().extension() == ".safetensors" && e.path().filename().string().rfind("model", 0) == 0)
             bytes += e.file_size();
-    return {{"config", config}, {"weights_bytes", bytes}};
+    return {{"config_fnv1a64", fmt::format("{:016x}", h)}, {"weights_bytes", bytes}};
 }
 
 /// Whether a parameter of the AMOR stack is trained: the AMOR layers (index >= n_backbone) and final_norm.
@@ -111,8 +113,11 @@ int train_amor(const common_options& c, const amor_train_options& o, Backbone bb
         hymix::models::save_amor(model, n_backbone, ac, dir / "amor.safetensors");
     };
     auto topt = o.train;
-    topt.interrupt = install_training_interrupt();
-    const auto r = hymix::train::train_model(be, m, corpus, topt, setup, o.out, resume, &std::cerr);
+    const auto r = [&] {
+        const training_interrupt signals;  // Ctrl-C ends the run with a checkpoint while it trains, and only then
+        topt.interrupt = signals.flag();
+        return hymix::train::train_model(be, m, corpus, topt, setup, o.out, resume, &std::cerr);
+    }();
     console::end_lines();
     if (r.resumed && r.steps_done == r.resumed_from && r.steps_done >= o.train.steps)
         console::note("amor-train: the run already holds its {} steps (--steps {}): nothing trained", r.steps_done, o.train.steps);

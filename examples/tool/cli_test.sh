@@ -278,7 +278,8 @@ amor)
     trained512=$(sed -n 's/^held-out window 512: bits\/byte \([0-9.]*\);.*/\1/p' "$work/all")
     amor=$work/am/checkpoint-6/amor.safetensors
     # Resuming (on a copy): other block or gate options are refused, the same ones continue the run; Ctrl-C (SIGINT)
-    # stops it after the step in hand with a checkpoint (exit 130) that --resume continues.
+    # stops it after the step in hand with a checkpoint (exit 130) that --resume continues (timeout -s KILL: a run the
+    # signal missed cannot hang the test).
     cp -r "$work/am" "$work/am2"
     expect1 2 "these options must match" amor-train -m "$bb" "${base[@]}" --blocks 2 --heads 2 --head-dim 16 --kappa 0.9 --steps 8 \
         --out "$work/am2" --resume
@@ -288,15 +289,15 @@ amor)
         --out "$work/am2" --resume
     [ "$(cat "$work/am2/latest")" = checkpoint-8 ] && echo "ok:   the resumed run reached checkpoint-8" \
         || { echo "FAIL: resumed run's latest is '$(cat "$work/am2/latest")'"; failures=$((failures + 1)); }
-    "$tool" amor-train -m "$bb" "${base[@]}" --blocks 2 --heads 2 --head-dim 16 --kappa 0.2 --steps 1000000 \
+    timeout -s KILL 300 "$tool" amor-train -m "$bb" "${base[@]}" --blocks 2 --heads 2 --head-dim 16 --kappa 0.2 --steps 1000000 \
         --out "$work/am2" --resume >"$work/int.out" 2>"$work/int.err" &
     pid=$!
     for _ in $(seq 600); do grep -q "^step 12 " "$work/int.err" 2>/dev/null && break; sleep 0.1; done
-    kill -INT "$pid"
+    kill -INT "$pid"  # timeout passes it on to the tool
     wait "$pid"
     rc=$?
     step=$(sed -n 's/^checkpoint-//p' "$work/am2/latest")
-    if [ "$rc" = 130 ] && grep -q "interrupted at step $step: checkpoint" "$work/int.err" && [ "${step:-0}" -gt 12 ] \
+    if [ "$rc" = 130 ] && grep -q "interrupted at step $step: checkpoint" "$work/int.err" && [ "${step:-0}" -ge 12 ] \
         && [ -f "$work/am2/checkpoint-$step/amor.safetensors" ]; then
         echo "ok:   SIGINT stopped amor-train at step $step with its checkpoint (exit 130)"
     else

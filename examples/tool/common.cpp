@@ -30,17 +30,23 @@ std::string exit_code_help() {
 
 namespace {
 std::atomic<bool> training_interrupted{false};
-extern "C" void on_training_signal(int sig) {
+extern "C" void on_training_signal(int) {
     training_interrupted.store(true);
-    std::signal(sig, SIG_DFL);  // a second signal ends the process
+    std::signal(SIGINT, SIG_DFL);  // a second signal, of either kind, ends the process
+    std::signal(SIGTERM, SIG_DFL);
 }
 }  // namespace
 
-const std::atomic<bool>* install_training_interrupt() {
-    std::signal(SIGINT, on_training_signal);
-    std::signal(SIGTERM, on_training_signal);
-    return &training_interrupted;
+training_interrupt::training_interrupt()
+    : prev_int_((training_interrupted.store(false), std::signal(SIGINT, on_training_signal))),
+      prev_term_(std::signal(SIGTERM, on_training_signal)) {}
+
+training_interrupt::~training_interrupt() {
+    std::signal(SIGINT, prev_int_ == SIG_ERR ? SIG_DFL : prev_int_);
+    std::signal(SIGTERM, prev_term_ == SIG_ERR ? SIG_DFL : prev_term_);
 }
+
+const std::atomic<bool>* training_interrupt::flag() const { return &training_interrupted; }
 
 namespace console {
 namespace {

@@ -34,10 +34,21 @@ enum exit_code : int {
 /// The exit-code table as printed by --help.
 std::string exit_code_help();
 
-/// For the training commands: installs SIGINT and SIGTERM handlers and returns their flag (for
-/// train_options::interrupt). The first signal sets it, so the run stops after the step in hand and writes its
-/// checkpoint; the handlers then give the signals back their default action, so a second one ends the process at once.
-const std::atomic<bool>* install_training_interrupt();
+/// For the training commands, while it lives: SIGINT and SIGTERM set flag() (for train_options::interrupt), so the run
+/// stops after the step in hand and writes its checkpoint. The first signal gives both back their default action, so a
+/// second one ends the process at once. The destructor restores the dispositions found.
+class training_interrupt {
+public:
+    training_interrupt();
+    ~training_interrupt();
+    training_interrupt(const training_interrupt&) = delete;
+    training_interrupt& operator=(const training_interrupt&) = delete;
+    const std::atomic<bool>* flag() const;
+
+private:
+    void (*prev_int_)(int);   // the dispositions to restore
+    void (*prev_term_)(int);
+};
 
 /// A command-line mistake found after parsing (exit_usage).
 struct usage_error : std::runtime_error {

@@ -23,6 +23,8 @@ src=${1:?usage: scripts/peers/ggml_ops.sh GGML_SRC [WORK_DIR]}
 work=${2:-/tmp/ggml-peer}
 [ -f "$src/tests/test-backend-ops.cpp" ] || { echo "ggml_ops: $src is not a ggml checkout (no tests/test-backend-ops.cpp)" >&2; exit 2; }
 mkdir -p "$work"
+src=$(cd "$src" && pwd) work=$(cd "$work" && pwd)
+cd "$(dirname "$0")/../.."  # HYMIX_BENCH is relative to the repository
 rm -rf "$work/src"
 cp -r "$src" "$work/src"
 ( cd "$work/src" && git log -1 --format='ggml commit %h (%cd)' 2>/dev/null ) || echo "ggml: not a git checkout"
@@ -57,11 +59,13 @@ bench=${HYMIX_BENCH-build/release/bench}
 reps=(--benchmark_repetitions="${REPS:-3}" --benchmark_report_aggregates_only=true)
 hy() {  # hy BINARY FILTER
     [ -x "$bench/$1" ] || { echo "ggml_ops: no $bench/$1 (build the benchmarks: cmake --build --preset release)" >&2; exit 2; }
-    "$bench/$1" --benchmark_filter="$2" "${reps[@]}" 2>/dev/null | grep -E '_median' | awk '{ print $1, $2, $3 }'
+    "$bench/$1" --benchmark_filter="$2" "${reps[@]}" 2>/dev/null | grep -E '_median' | awk '{ print $1, $2, $3 }' \
+        || echo "ggml_ops: no rows from $1 for '$2' (a benchmark renamed?)" >&2
 }
 for round in $(seq "${ROUNDS:-2}"); do
     echo "== round $round: ggml (test-backend-ops perf, CPU backend, $(nproc) threads)"
-    "$work/build/bin/test-backend-ops" perf -b CPU 2>&1 | grep -E 'SSM_|GATED_DELTA|FLASH_ATTN' | sed -E 's/\x1b\[[0-9;]*m//g; s/  +/ /g'
+    "$work/build/bin/test-backend-ops" perf -b CPU 2>&1 | grep -E 'SSM_|GATED_DELTA|FLASH_ATTN' | sed -E 's/\x1b\[[0-9;]*m//g; s/  +/ /g' \
+        || echo "ggml_ops: no rows from test-backend-ops (see $work/build.log)" >&2
     [ -n "$bench" ] || continue
     echo "== round $round: hymix ($bench, medians of ${REPS:-3})"
     hy bench_mamba2 'BM_ssd_chunked_core/T:512/chunk:(64|256)/|BM_ssd_step_core/B:(1|8)/H:24/threads:2'

@@ -203,8 +203,8 @@ train_result train_model(const B& be, Model& m, const byte_corpus& corpus, const
     std::vector<loss_row> rows;
     train_result res;
     const auto schedule = opt.schedule();
-    std::int64_t resumed_tokens = 0;
-    double resumed_seconds = 0;
+    std::int64_t resumed_tokens = 0, resumed_acc_n = 0;
+    double resumed_seconds = 0, resumed_loss_acc = 0, resumed_gn_acc = 0;
 
     if (resume) {
         const fs::path ck = latest_checkpoint(out_dir);
@@ -259,6 +259,17 @@ train_result train_model(const B& be, Model& m, const byte_corpus& corpus, const
         else if (!rows.empty()) resumed_tokens = rows.back().tokens;
         if (auto it = meta.find("seconds"); it != meta.end()) resumed_seconds = std::stod(it->second);
         else if (!rows.empty()) resumed_seconds = rows.back().seconds;
+        // The log interval in progress at the checkpoint: continued, and the row the stopped call wrote for it (at the
+        // checkpoint's step) dropped, so the curve gets the rows of an uninterrupted run.
+        if (auto it = meta.find("log_interval"); it != meta.end()) {
+            std::istringstream li(it->second);
+            long long n = 0;
+            if (!(li >> n >> resumed_loss_acc >> resumed_gn_acc) || n < 0)
+                throw format_error((ck / "trainer_state.safetensors").string() + ": metadata 'log_interval' is '" + it->second +
+                                   "', expected a step count and two sums");
+            resumed_acc_n = n;
+            if (resumed_acc_n > 0 && !rows.empty() && rows.back().step == opt_state.step()) rows.pop_back();
+        }
         res.resumed_from = opt_state.step();
         res.resumed = true;
     }
@@ -270,8 +281,8 @@ train_result train_model(const B& be, Model& m, const byte_corpus& corpus, const
     const double t_prev = resumed_seconds;
     std::int64_t tokens = resumed_tokens;
     const bool tty = opt.progress && ::isatty(2);
-    double loss_acc = 0, gn_acc = 0;
-    std::int64_t acc_n = 0;
+    double loss_acc = resumed_loss_acc, gn_acc = resumed_gn_acc;
+    std::int64_t acc_n = resumed_acc_n;
     auto elapsed = [&] { return t_prev + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
     double run_tokens = 0;
 
@@ -324,6 +335,11 @@ train_result train_model(const B& be, Model& m, const byte_corpus& corpus, const
         char secs[32];
         std::snprintf(secs, sizeof secs, "%.3f", seconds);
         w.set_metadata("seconds", secs);
+        // The log interval in progress (steps since the last regular row, their loss and gradient-norm sums), so a
+        // resumed run logs the rows an uninterrupted one would.
+        char part[96];
+        std::snprintf(part, sizeof part, "%lld %.17g %.17g", static_cast<long long>(acc_n), loss_acc, gn_acc);
+        w.set_metadata("log_interval", part);
         w.write(tmp / "trainer_state.safetensors");
         detail::fsync_path(tmp);
         write_curve();  // before `latest` moves: a resumed run reads the rows up to its checkpoint from it
@@ -347,7 +363,11 @@ train_result train_model(const B& be, Model& m, const byte_corpus& corpus, const
     // calls of a fixed length; the curve's seconds keep counting the whole run.
     const double budget = opt.minutes > 0 ? t_prev + opt.minutes * 60.0 : INFINITY;
     auto interrupted = [&] { return opt.interrupt && opt.interrupt->load(std::memory_order_relaxed); };
-    while (step < opt.steps && elapsed() < budget && (opt.stop_after <= 0 || step < first_step + opt.stop_after) && !interrupted()) {
+    while (step < opt.steps && elapsed() < budget && (opt.stop_after <= 0 || step < first_step + opt.stop_after)) {
+        if (interrupted()) {  // only a run the flag stopped counts as interrupted
+            res.interrupted = true;
+            break;
+        }
         zero_grads(ps);
         double loss = 0;
         for (std::int64_t k = 0; k < opt.accum; ++k) {
@@ -414,7 +434,6 @@ train_result train_model(const B& be, Model& m, const byte_corpus& corpus, const
     res.tokens = tokens;
     res.seconds = elapsed();
     res.tokens_per_s = run_tokens / std::max(1e-9, res.seconds - t_prev);
-    res.interrupted = interrupted();
     // The steps since the last logged row (a call that ends off a log boundary) make a row of their own: their mean
     // loss, not the previous row's. A call that trained no step adds no row.
     if (acc_n > 0) {
@@ -429,7 +448,7 @@ train_result train_model(const B& be, Model& m, const byte_corpus& corpus, const
         rows.push_back(r);
     }
     res.final_loss = rows.empty() ? NAN : rows.back().loss;
-    res.heldout_bpb = evaluate();
+    res.heldout_bpb = res.interrupted ? NAN : evaluate();  // an interrupted call saves at once
     if (!rows.empty() && rows.back().step == step) rows.back().eval_bpb = res.heldout_bpb;
     save(step, res.seconds);
     return res;

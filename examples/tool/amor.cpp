@@ -80,8 +80,8 @@ int train_amor(const common_options& c, const amor_train_options& o, Backbone bb
     namespace fs = std::filesystem;
     const std::int64_t n_backbone = bb.n_layers();
     auto ac = amor_config_of(o, backbone_kind);
+    const fs::path file = resume ? hymix::train::latest_checkpoint(o.out) / "amor.safetensors" : fs::path();
     if (resume) {
-        const auto file = hymix::train::latest_checkpoint(o.out) / "amor.safetensors";
         const auto saved = hymix::models::read_amor_config(file);
         if (resume_fixed(saved) != resume_fixed(ac))
             throw hymix::config_error(fmt::format("amor-train --resume: {} was trained with {}, this call asks for {} (these options "
@@ -89,10 +89,9 @@ int train_amor(const common_options& c, const amor_train_options& o, Backbone bb
                                                   "--momentum, --gate-offset, --offset-mode and --always-on, and its backbone)",
                                                   file.string(), resume_fixed(saved).dump(), resume_fixed(ac).dump()));
         console::note("amor-train: resuming from {}", file.parent_path().string());
+        ac = saved;
     }
-    S m = resume ? hymix::models::load_amor<S>(std::move(bb), hymix::train::latest_checkpoint(o.out) / "amor.safetensors")
-                 : hymix::models::make_amor<S>(std::move(bb), ac, o.train.seed);
-    if (resume) ac = hymix::models::read_amor_config(hymix::train::latest_checkpoint(o.out) / "amor.safetensors");
+    S m = resume ? hymix::models::load_amor<S>(std::move(bb), file) : hymix::models::make_amor<S>(std::move(bb), ac, o.train.seed);
     ac.d_model = m.config().d_model;
     ac.vocab_size = m.config().vocab_size;
     hymix::cpu_backend be(c.threads);
@@ -112,15 +111,9 @@ int train_amor(const common_options& c, const amor_train_options& o, Backbone bb
         fs::create_directories(dir);
         hymix::models::save_amor(model, n_backbone, ac, dir / "amor.safetensors");
     };
-    auto topt = o.train;
-    const auto r = [&] {
-        const training_interrupt signals;  // Ctrl-C ends the run with a checkpoint while it trains, and only then
-        topt.interrupt = signals.flag();
-        return hymix::train::train_model(be, m, corpus, topt, setup, o.out, resume, &std::cerr);
-    }();
-    console::end_lines();
-    if (r.resumed && r.steps_done == r.resumed_from && r.steps_done >= o.train.steps)
-        console::note("amor-train: the run already holds its {} steps (--steps {}): nothing trained", r.steps_done, o.train.steps);
+    const auto r = train_interruptible("amor-train", o.train, [&](const hymix::train::train_options& t) {
+        return hymix::train::train_model(be, m, corpus, t, setup, o.out, resume, &std::cerr);
+    });
     fmt::print("trained {} steps ({} tokens) in {:.1f} s: {:.0f} tokens/s; final train loss {}\n", r.steps_done, r.tokens,
                r.seconds, r.tokens_per_s, std::isfinite(r.final_loss) ? fmt::format("{:.4f} nats", r.final_loss) : std::string("- (no step trained)"));
     if (r.interrupted) {

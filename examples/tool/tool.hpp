@@ -71,6 +71,22 @@ void note(fmt::format_string<A...> f, A&&... a) {  // one stderr line, starting 
 }
 }  // namespace console
 
+/// Calls `train(options)` (a train_model call) with Ctrl-C / SIGTERM stopping it after the step in hand with its
+/// checkpoint (training_interrupt, only while it trains), ends the console lines it left open, and says when a resumed
+/// run already held its steps. `command` names the command in that note.
+template <class Train>
+auto train_interruptible(const char* command, hymix::train::train_options options, Train&& train) {
+    const auto r = [&] {
+        const training_interrupt signals;
+        options.interrupt = signals.flag();
+        return train(options);
+    }();
+    console::end_lines();
+    if (r.resumed && r.steps_done == r.resumed_from && r.steps_done >= options.steps)
+        console::note("{}: the run already holds its {} steps (--steps {}): nothing trained", command, r.steps_done, options.steps);
+    return r;
+}
+
 struct common_options {
     std::string model;             // checkpoint directory; empty = $HYMIX_MODEL
     int threads = 0;               // 0 = every core

@@ -31,15 +31,9 @@ int train_stack(const train_command_options& o, Model m, const nlohmann::json& c
     m.for_each_param([&](const std::string&, hymix::tensor<float>& t) { n_params += t.numel(); });
     console::note("train: {} stack, {} layers, d_model {}, {} parameters; {} bytes of training text, {} held out; {} threads",
                   o.spec.stack, o.spec.n_layers, o.spec.d_model, n_params, corpus.n_train(), corpus.n_heldout(), be.num_threads());
-    auto topt = o.train;
-    const auto r = [&] {
-        const training_interrupt signals;  // Ctrl-C ends the run with a checkpoint while it trains, and only then
-        topt.interrupt = signals.flag();
-        return hymix::train::train_model(be, m, corpus, topt, setup, o.out, resume, &std::cerr);
-    }();
-    console::end_lines();
-    if (r.resumed && r.steps_done == r.resumed_from && r.steps_done >= o.train.steps)
-        console::note("train: the run already holds its {} steps (--steps {}): nothing trained", r.steps_done, o.train.steps);
+    const auto r = train_interruptible("train", o.train, [&](const hymix::train::train_options& t) {
+        return hymix::train::train_model(be, m, corpus, t, setup, o.out, resume, &std::cerr);
+    });
     fmt::print("trained {} steps ({} tokens) in {:.1f} s: {:.0f} tokens/s; final train loss {}; held-out bits/byte {}\n", r.steps_done,
                r.tokens, r.seconds, r.tokens_per_s,
                std::isfinite(r.final_loss) ? fmt::format("{:.4f} nats ({:.4f} bits/byte)", r.final_loss, r.final_loss / std::log(2.0))

@@ -91,7 +91,7 @@ struct train_options {
     std::int64_t checkpoint_every = 0;  ///< steps between checkpoints (0 = only at the end)
     bool progress = true;            ///< draw a progress line on stderr when it is a terminal
     /// When set and it becomes true (a SIGINT / SIGTERM handler's flag, say), the run stops after the step in hand and
-    /// ends as at `minutes`: final row, held-out evaluation, checkpoint (train_result::interrupted says so).
+    /// writes its final row and checkpoint at once, without the held-out evaluation (train_result::interrupted says so).
     const std::atomic<bool>* interrupt = nullptr;
 
     lr_schedule schedule() const {

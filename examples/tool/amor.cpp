@@ -145,6 +145,7 @@ int run_amor_train(const common_options& c, const amor_train_options& o) {
     if (!o.resume && fs::exists(o.out / "latest"))
         throw usage_error(fmt::format("'{}' already holds a training run: pass --resume to continue it, or choose another --out", o.out.string()));
     hymix::models::checkpoint_reader rd(dir);
+    const auto kind = hymix::models::amor_backbone_kind(rd.config(), rd.config_path());  // before anything is written
     // The backbone a run was started on (backbone.json in --out): a resumed call must load the same one.
     const auto ident = backbone_identity(dir);
     const auto ident_file = o.out / "backbone.json";
@@ -160,8 +161,7 @@ int run_amor_train(const common_options& c, const amor_train_options& o) {
         fs::create_directories(o.out);
         std::ofstream(ident_file) << ident.dump(1) << "\n";
     }
-    const auto mt = rd.config().value("model_type", "");
-    if (mt == "mamba2")
+    if (kind == "mamba2")
         return train_amor<hymix::models::amor_mamba2_stack<>>(c, o, hymix::models::load_hf_mamba2<hymix::models::hf_mamba2_stack>(rd), "mamba2",
                                                              corpus, resume);
     return train_amor<hymix::models::amor_gdn_stack<>>(c, o, hymix::models::load_hf_qwen3_5<hymix::models::qwen3_5_gdn_stack>(rd), "gdn", corpus,

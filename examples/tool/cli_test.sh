@@ -77,6 +77,7 @@ args)
     expect 1 "--threads: '9{37}\.\.\.' is out of range" info -m "$tiny" --threads "$(printf '9%.0s' {1..300})"
     absent "[0-9]{40}"
     expect 1 "--threads: '2\.5' is not a whole number" info -m "$tiny" --threads 2.5
+    expect 1 "--threads is given 2 times; it takes one value" info -m "$tiny" --threads 1 --threads 2
     expect 2 "is a file, not a directory.*--model '.*tiny'" info --model "$tiny/config.json"
     expect 2 "model directory '/nonexistent/model' does not exist" info --model /nonexistent/model
     expect 1 "unexpected arguments: a b --foo c \(--foo is not an option of 'info'\)" info -m "$tiny" a b --foo c
@@ -277,6 +278,13 @@ amor)
         --blocks 2 --heads 2 --head-dim 16 --kappa 0.2 --steps 6 --out "$work/am"
     trained512=$(sed -n 's/^held-out window 512: bits\/byte \([0-9.]*\);.*/\1/p' "$work/all")
     amor=$work/am/checkpoint-6/amor.safetensors
+    # A hybrid backbone (a full_attention layer) is refused before anything is written.
+    mkdir -p "$work/hy" && cp "$bb/model.safetensors" "$work/hy/"
+    echo '{"model_type": "qwen3_5_text", "layer_types": ["linear_attention", "full_attention"]}' > "$work/hy/config.json"
+    expect 2 "layer_types\[1\] is \"full_attention\": AMOR blocks train on a backbone with no attention layers.*hybrid" \
+        amor-train -m "$work/hy" "${base[@]}" --blocks 2 --steps 2 --out "$work/amhy"
+    [ ! -e "$work/amhy/backbone.json" ] && echo "ok:   nothing written for the hybrid backbone" \
+        || { echo "FAIL: amor-train wrote into --out for a hybrid backbone"; failures=$((failures + 1)); }
     # Resuming (on a copy): other block or gate options are refused, the same ones continue the run; Ctrl-C (SIGINT)
     # stops it after the step in hand with a checkpoint (exit 130) that --resume continues (timeout -s KILL: a run the
     # signal missed cannot hang the test).
@@ -336,6 +344,8 @@ amor)
     expect 1 "--from-csv draws a finished sweep" amor-sweep --from-csv "$work/sweep.csv"
     expect 2 "text.txt:1: not a CSV written by hymix amor-sweep" amor-sweep --from-csv "$work/text.txt" --svg "$work/x.svg"
     expect 1 "--kappa: 'abc' is not a number" amor-sweep -m "$bb" --amor "$amor" --text "$work/text.txt" --kappa 0.2,abc
+    expect 1 "--kappa: '1,,2' has an empty item" amor-sweep -m "$bb" --amor "$amor" --text "$work/text.txt" --kappa 1,,2
+    expect 1 "--window: '512,' has an empty item" amor-sweep -m "$bb" --amor "$amor" --text "$work/text.txt" --window=512,
     expect 1 "--window 4096: the held-out range has 2048 byte\(s\)" amor-sweep -m "$bb" --amor "$amor" --text "$work/text.txt" \
         --eval-bytes 2048 --window 4096
     expect 0 "wrote .*trace.html \(512 bytes traced; fire rate per block: [0-9.]+ [0-9.]+\)" amor-trace -m "$bb" --amor "$amor" \

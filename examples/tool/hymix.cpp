@@ -13,8 +13,10 @@
 // This file defines the command line and maps failures to exit codes (tool.hpp); each command lives in its own
 // file. Tokens are bytes (the shared KJV checkpoints); the tokenizer is the replaceable hymix::byte_tokenizer.
 #include <cstdio>
+#include <initializer_list>
 #include <new>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -60,6 +62,31 @@ std::string extras_message(const std::vector<std::string>& extra, const std::str
         m += fmt::format(" ({} {} not {} option of '{}')", join(options), options.size() > 1 ? "are" : "is",
                          options.size() > 1 ? "options" : "an", command);
     return m;
+}
+
+/// The first comma-separated list among `options` (given as "--opt V" or "--opt=V") with an empty item ("1,,2", "1,"):
+/// CLI11 drops empty items, so the list would silently lose one. Empty when there is none.
+std::string empty_list_item(int argc, char** argv, std::initializer_list<std::string_view> options) {
+    for (int i = 1; i < argc; ++i) {
+        const std::string_view a = argv[i];
+        for (const auto o : options) {
+            std::string_view v;
+            if (a == o && i + 1 < argc) v = argv[i + 1];
+            else if (a.size() > o.size() && a.substr(0, o.size()) == o && a[o.size()] == '=') v = a.substr(o.size() + 1);
+            else continue;
+            if (v.empty() || v.front() == ',' || v.back() == ',' || v.find(",,") != std::string_view::npos)
+                return fmt::format("{}: '{}' has an empty item (expected values separated by single commas)", o, v);
+        }
+    }
+    return {};
+}
+
+/// CLI11's message for an option given more than once ("--x: At Most 1 required but received 2"), said plainly.
+std::string parse_message(const CLI::ParseError& e) {
+    const std::string w = e.what();
+    const auto at = w.find(": At Most 1 required but received ");
+    if (at == std::string::npos) return w;
+    return fmt::format("{} is given {} times; it takes one value", w.substr(0, at), w.substr(at + 34));
 }
 
 using tool::cli::decimal;
@@ -379,9 +406,12 @@ int main(int argc, char** argv) {
         return cl.app.exit(e);
     } catch (const CLI::ParseError& e) {
         const auto* c = cl.chosen();
-        return fail(tool::exit_usage, fmt::format("{} (see hymix {}--help)", e.what(), c ? c->get_name() + " " : ""));
+        return fail(tool::exit_usage, fmt::format("{} (see hymix {}--help)", parse_message(e), c ? c->get_name() + " " : ""));
     }
     auto* cmd = cl.chosen();
+    if (cmd && cmd == cl.amor_sweep)
+        if (const auto m = empty_list_item(argc, argv, {"--kappa", "--window"}); !m.empty())
+            return fail(tool::exit_usage, m + " (see hymix amor-sweep --help)");
     const auto& stray = cl.app.remaining();
     if (!cmd)
         return fail(tool::exit_usage,

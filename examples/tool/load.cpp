@@ -71,6 +71,7 @@ amor_inputs open_amor_inputs(const common_options& c) {
     auto dir = resolve_model_dir(c.model);
     hymix::models::checkpoint_reader rd(dir);
     auto mt = rd.config().value("model_type", "");
+    hymix::models::amor_backbone_kind(rd.config(), rd.config_path());  // not a hybrid
     auto trained = hymix::models::read_amor_config(c.amor);
     hymix::models::require_amor_backbone(trained, mt, c.amor, rd.config_path());
     const std::string hint = "; pass --allow-nonfinite to load it anyway";

@@ -11,6 +11,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <filesystem>
@@ -248,36 +249,52 @@ TEST_CASE("train_model with frozen parameters: they stay bit-identical, checkpoi
     auto setup = train::oryx_setup<models::oryx_lm_stack>(config, s.oryx_block_size, 0.5, 1);
     const auto is_frozen = [](const std::string& n) { return n == "embedding" || n.rfind("layers.0.", 0) == 0; };
     setup.frozen = is_frozen;
-    const auto o = small_run(8, 32);
-    const cpu_backend be(2);
-    const fs::path dir = fs::path(HYMIX_TEST_TMP) / "oryx_lm_frozen", dir2 = fs::path(HYMIX_TEST_TMP) / "oryx_lm_frozen_resume";
-    fs::remove_all(dir);
-    fs::remove_all(dir2);
-    auto m = train::random_oryx_lm(s, 5);
-    std::vector<std::vector<float>> before;
-    std::int64_t n_trained = 0;
-    m.for_each_param([&](const std::string& n, tensor<float>& t) {
-        if (is_frozen(n)) before.emplace_back(t.span().begin(), t.span().end());
-        else ++n_trained;
-    });
-    REQUIRE(before.size() >= 2);
-    REQUIRE(n_trained > 0);
-    train::train_model(be, m, corpus, o, setup, dir, false);
-    std::size_t k = 0;
-    const safetensors::file rd(train::latest_checkpoint(dir) / "trainer_state.safetensors");
-    m.for_each_param([&](const std::string& n, tensor<float>& t) {
-        CAPTURE(n);
-        CHECK(rd.contains(n + ".exp_avg") == !is_frozen(n));
-        CHECK(rd.contains(n + ".exp_avg_sq") == !is_frozen(n));
-        if (is_frozen(n)) CHECK(std::vector<float>(t.span().begin(), t.span().end()) == before[k++]);
-    });
-    auto m2 = train::random_oryx_lm(s, 5);
-    auto o2 = o;
-    o2.stop_after = 3;
-    train::train_model(be, m2, corpus, o2, setup, dir2, false);
-    auto m3 = models::load_oryx_lm(train::latest_checkpoint(dir2));
-    train::train_model(be, m3, corpus, o, setup, dir2, true);
-    CHECK(loss_curve(dir / "loss.csv") == loss_curve(dir2 / "loss.csv"));
+    // Frozen alone (backward runs through layer 0), or layer 0 as a frozen prefix (forward only, no gradient tensors).
+    for (const std::int64_t prefix : {0, 1}) {
+        CAPTURE(prefix);
+        setup.frozen_prefix = prefix;
+        const auto o = small_run(8, 32);
+        const cpu_backend be(2);
+        const std::string tag = prefix ? "_prefix" : "";
+        const fs::path dir = fs::path(HYMIX_TEST_TMP) / ("oryx_lm_frozen" + tag), dir2 = fs::path(HYMIX_TEST_TMP) / ("oryx_lm_frozen_resume" + tag);
+        fs::remove_all(dir);
+        fs::remove_all(dir2);
+        // Leftovers of a crashed run (a checkpoint older than `latest`'s, an unfinished one) go at the next save; other
+        // files stay.
+        fs::create_directories(dir / "checkpoint-77");
+        fs::create_directories(dir / ".checkpoint-3.tmp");
+        fs::create_directories(dir / "notes");
+        auto m = train::random_oryx_lm(s, 5);
+        std::vector<std::vector<float>> before;
+        std::int64_t n_trained = 0;
+        m.for_each_param([&](const std::string& n, tensor<float>& t) {
+            if (is_frozen(n)) before.emplace_back(t.span().begin(), t.span().end());
+            else ++n_trained;
+        });
+        REQUIRE(before.size() >= 2);
+        REQUIRE(n_trained > 0);
+        train::train_model(be, m, corpus, o, setup, dir, false);
+        std::size_t k = 0;
+        const safetensors::file rd(train::latest_checkpoint(dir) / "trainer_state.safetensors");
+        m.for_each_param([&](const std::string& n, tensor<float>& t) {
+            CAPTURE(n);
+            CHECK(rd.contains(n + ".exp_avg") == !is_frozen(n));
+            CHECK(rd.contains(n + ".exp_avg_sq") == !is_frozen(n));
+            if (is_frozen(n)) CHECK(std::vector<float>(t.span().begin(), t.span().end()) == before[k++]);
+        });
+        auto m2 = train::random_oryx_lm(s, 5);
+        auto o2 = o;
+        o2.stop_after = 3;
+        train::train_model(be, m2, corpus, o2, setup, dir2, false);
+        auto m3 = models::load_oryx_lm(train::latest_checkpoint(dir2));
+        train::train_model(be, m3, corpus, o, setup, dir2, true);
+        CHECK(loss_curve(dir / "loss.csv") == loss_curve(dir2 / "loss.csv"));
+        std::vector<std::string> left;
+        for (const auto& e : fs::directory_iterator(dir))
+            if (e.is_directory()) left.push_back(e.path().filename().string());
+        std::sort(left.begin(), left.end());
+        CHECK(left == std::vector<std::string>{train::latest_checkpoint(dir).filename().string(), "notes"});
+    }
 }
 
 TEST_CASE("train_model: a call ending off a log boundary logs its own steps and resumes with the run's tokens; the interrupt "

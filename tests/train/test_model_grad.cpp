@@ -161,6 +161,89 @@ TEST_CASE("a frozen prefix keeps no activations and gets no gradient; the traine
     }
 }
 
+TEST_CASE("gradient_model: the frozen prefix gets no gradient tensors, the rest equals zeros_like's, the model is unchanged") {
+    using M = toy_stack<plain_rms_norm, swiglu_mlp>;
+    auto m = make_toy<plain_rms_norm, swiglu_mlp>(6, 11, 3, 5, false, 9);
+    const auto before = flat(m);
+    const auto b = seq_batch::dense(2, 5);
+    std::vector<std::int32_t> tok(10), tgt(10);
+    for (int i = 0; i < 10; ++i) tok[i] = (7 * i + 2) % 11, tgt[i] = (3 * i + 1) % 11;
+    cpu_backend be(2);
+    double loss_before = 0;
+    {
+        auto gz = train::zeros_like(m);
+        train::activations<M> a;
+        loss_before = train::loss_and_grad(be, m, gz, a, b, tok, tgt, 0.5f).sum_nats;
+    }
+    auto g = train::gradient_model(m, 2);
+    CHECK(flat(m) == before);  // the frozen layers' weights were set aside and put back
+    for (std::int64_t l = 0; l < 3; ++l) {
+        CAPTURE(l);
+        CHECK(std::get<0>(m.layer_at(l)).mlp_mut().gate_up.rank() == 2);  // the model keeps its fused copy
+        CHECK(std::get<0>(g.layer_at(l)).mlp_mut().gate_up.rank() == 0);  // the gradient model has none
+    }
+    std::vector<std::string> names;
+    std::vector<std::int64_t> msize, gsize;
+    m.for_each_param([&](const std::string& n, tensor<float>& t) {
+        names.push_back(n);
+        msize.push_back(t.numel());
+    });
+    double gsum = 0;
+    g.for_each_param([&](const std::string&, tensor<float>& t) {
+        gsize.push_back(t.numel());
+        for (float v : t.span()) gsum += std::abs(v);
+    });
+    REQUIRE(gsize.size() == names.size());
+    std::int64_t mtotal = 0, gtotal = 0;
+    for (std::size_t i = 0; i < names.size(); ++i) {
+        CAPTURE(names[i]);
+        const bool prefix = names[i].rfind("layers.0.", 0) == 0 || names[i].rfind("layers.1.", 0) == 0;
+        CHECK(gsize[i] == (prefix ? 0 : msize[i]));
+        mtotal += msize[i];
+        gtotal += gsize[i];
+    }
+    CHECK(gsum == 0.0);
+    CHECK(gtotal < mtotal);
+
+    // The same loss as before, and the same gradients as a full zeros_like model, bit for bit, above the prefix.
+    auto gz = train::zeros_like(m);
+    train::activations<M> a1, a2;
+    a1.frozen_prefix = a2.frozen_prefix = 2;
+    const auto l1 = train::loss_and_grad(be, m, gz, a1, b, tok, tgt, 0.5f);
+    const auto l2 = train::loss_and_grad(be, m, g, a2, b, tok, tgt, 0.5f);
+    CHECK(l1.sum_nats == l2.sum_nats);
+    CHECK(l1.sum_nats == loss_before);
+    std::vector<std::vector<float>> vz, vg;
+    gz.for_each_param([&](const std::string&, tensor<float>& t) { vz.emplace_back(t.span().begin(), t.span().end()); });
+    g.for_each_param([&](const std::string&, tensor<float>& t) { vg.emplace_back(t.span().begin(), t.span().end()); });
+    for (std::size_t i = 0; i < names.size(); ++i) {
+        CAPTURE(names[i]);
+        if (gsize[i] == 0) continue;
+        CHECK(vz[i] == vg[i]);
+    }
+
+    // parameters(): the prefix's tensors get no gradient and must be frozen.
+    auto in_prefix = [](const std::string& n) { return n.rfind("layers.0.", 0) == 0 || n.rfind("layers.1.", 0) == 0; };
+    const auto ps = train::parameters(m, g, in_prefix);
+    for (const auto& p : ps) {
+        CAPTURE(p.name);
+        CHECK((p.grad == nullptr) == in_prefix(p.name));
+    }
+    CHECK_THROWS_AS(train::parameters(m, g), config_error);
+
+    // Activations with a smaller frozen prefix would write gradients the model does not hold.
+    train::activations<M> a0;
+    a0.frozen_prefix = 1;
+    CHECK_THROWS_AS(train::loss_and_grad(be, m, g, a0, b, tok, tgt, 0.5f), config_error);
+    CHECK_THROWS_AS(train::gradient_model(m, 4), value_error);
+    CHECK_THROWS_AS(train::gradient_model(m, -1), value_error);
+    auto g0 = train::gradient_model(m, 0);
+    std::int64_t g0total = 0;
+    g0.for_each_param([&](const std::string&, tensor<float>& t) { g0total += t.numel(); });
+    CHECK(g0total == mtotal);
+    CHECK(flat(m) == before);
+}
+
 TEST_CASE("loss_and_grad rejects bad tokens, targets and sizes") {
     using M = toy_stack<plain_rms_norm, no_mlp>;
     auto m = make_toy<plain_rms_norm, no_mlp>(4, 5, 1, 3, false, 1);

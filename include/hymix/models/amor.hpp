@@ -91,6 +91,31 @@ struct amor_config {
     }
 };
 
+/// The AMOR backbone kind of a checkpoint's config.json (`config`, read from `config_path`): "mamba2" for model_type
+/// mamba2, "gdn" for a Qwen3.5 text model whose every layer is linear_attention (AMOR's blocks add attention on
+/// top of a purely recurrent backbone). Throws config_error naming the file for any other
+/// model_type and for a hybrid Qwen3.5 (a full_attention layer: the first one's index is given).
+inline std::string amor_backbone_kind(const nlohmann::json& config, const std::string& config_path) {
+    const std::string mt = config.is_object() && config.contains("model_type") && config["model_type"].is_string()
+                               ? config["model_type"].get<std::string>()
+                               : std::string();
+    if (mt == "mamba2") return "mamba2";
+    if (mt != "qwen3_5_text" && mt != "qwen3_5")
+        throw config_error(config_path + ": model_type '" + mt + "' cannot carry AMOR blocks (a Mamba-2 'mamba2' or an all-GDN Qwen3.5 "
+                           "'qwen3_5_text' backbone can)");
+    const nlohmann::json* cfg = &config;
+    if (config.contains("text_config") && config["text_config"].is_object()) cfg = &config["text_config"];
+    if (cfg->contains("layer_types") && (*cfg)["layer_types"].is_array()) {
+        const auto& lt = (*cfg)["layer_types"];
+        for (std::size_t i = 0; i < lt.size(); ++i)
+            if (!lt[i].is_string() || lt[i].get<std::string>() != "linear_attention")
+                throw config_error(config_path + ": layer_types[" + std::to_string(i) + "] is " + lt[i].dump() +
+                                   ": AMOR blocks train on a backbone with no attention layers (Mamba-2, or Qwen3.5 with every layer "
+                                   "linear_attention); this one is a hybrid");
+    }
+    return "gdn";
+}
+
 /// Checks that the AMOR file at `amor_path` (configuration `c`) was made for a backbone whose config.json (at
 /// `config_path`) has `model_type`: "mamba2" for a Mamba-2 file, "qwen3_5_text" / "qwen3_5" for a GDN file. Throws
 /// config_error naming both files and both kinds.

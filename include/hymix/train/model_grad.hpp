@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -102,8 +103,103 @@ Model zeros_like(const Model& m) {
     return g;
 }
 
-/// The trainable parameters of `m` paired with their gradients in `g` (a zeros_like of m), in the models' fixed
-/// visiting order. `frozen(name)` marks parameters the optimizer skips. Throws shape_error when m and g differ.
+namespace detail {
+/// The layer a parameter name "layers.{i}.…" belongs to, or −1 (embedding, final_norm, lm_head).
+inline std::int64_t layer_of(const std::string& name) {
+    if (name.rfind("layers.", 0) != 0) return -1;
+    std::int64_t l = 0;
+    std::size_t i = 7;
+    for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) l = 10 * l + (name[i] - '0');
+    return i > 7 ? l : -1;
+}
+}  // namespace detail
+
+namespace detail {
+/// An empty stand-in of the same rank as `t` (every dimension 0): a block visits it as it visits `t` (presence is
+/// rank() != 0), but it holds nothing.
+template <class T>
+tensor<float> empty_like_rank(const T& t) {
+    return tensor<float>(std::vector<std::int64_t>(t.rank(), 0));
+}
+/// The fused gate|up copy a block's SwiGLU derives from its weights (nullptr for blocks without one): no gradient
+/// is ever written into it (kernels/swiglu_backward.hpp).
+template <class Blk>
+linear_weight* derived_gate_up(Blk& blk) {
+    if constexpr (requires { blk.mlp_mut().gate_up; }) {
+        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(blk.mlp_mut().gate_up)>, linear_weight>) return &blk.mlp_mut().gate_up;
+    }
+    return nullptr;
+}
+}  // namespace detail
+
+/// The gradient model for training `m` with its layers [0, frozen_prefix) run forward only (activations::
+/// frozen_prefix): zeros_like(m), except that the parameters of those layers are empty tensors (same rank, every
+/// dimension 0) and no layer keeps the SwiGLU's derived gate|up copy (backward never touches it). The prefix's
+/// backward never runs, so a frozen backbone under trained blocks (AMOR) costs no gradient memory. The frozen
+/// layers' weights are never copied, not even for a moment: they are set aside while the rest of m is copied and
+/// put back (m is unchanged, also when the copy throws). Use it with parameters(m, g, frozen), whose `frozen` must
+/// hold for every parameter of those layers, and with activations whose frozen_prefix is at least as large. Throws
+/// value_error when frozen_prefix is outside [0, n_layers], config_error when m's weights are not fp32.
+template <class Model>
+Model gradient_model(Model& m, std::int64_t frozen_prefix) {
+    detail::require_f32_weights(m, "gradient_model");
+    if (frozen_prefix < 0 || frozen_prefix > m.n_layers())
+        throw value_error("gradient_model: frozen_prefix " + std::to_string(frozen_prefix) + " outside [0, " + std::to_string(m.n_layers()) + "]");
+    // Set the prefix's parameters (and derived copies) aside, leaving same-rank empty stand-ins in m.
+    std::vector<linear_weight> aside;
+    auto in_prefix = [&](const std::string& name) {
+        const std::int64_t l = detail::layer_of(name);
+        return l >= 0 && l < frozen_prefix;
+    };
+    m.for_each_param([&](const std::string& name, auto& t) {
+        if (!in_prefix(name)) return;
+        auto stand_in = detail::empty_like_rank(t);
+        if constexpr (is_linear_weight_v<decltype(t)>) {
+            aside.push_back(std::move(t));
+        } else {
+            aside.emplace_back(std::move(t));
+        }
+        t = std::move(stand_in);
+    });
+    for (std::int64_t l = 0; l < frozen_prefix; ++l)
+        std::visit([&](auto& blk) {
+            if (auto* gu = detail::derived_gate_up(blk)) {
+                aside.push_back(std::move(*gu));
+                *gu = linear_weight();
+            }
+        }, m.layer_at(l));
+    auto restore = [&] {  // the same visiting order: the stand-ins keep each parameter's presence
+        std::size_t i = 0;
+        m.for_each_param([&](const std::string& name, auto& t) {
+            if (!in_prefix(name)) return;
+            if constexpr (is_linear_weight_v<decltype(t)>) t = std::move(aside[i++]);
+            else t = std::move(aside[i++].f32());
+        });
+        for (std::int64_t l = 0; l < frozen_prefix; ++l)
+            std::visit([&](auto& blk) {
+                if (auto* gu = detail::derived_gate_up(blk)) *gu = std::move(aside[i++]);
+            }, m.layer_at(l));
+    };
+    std::optional<Model> g;
+    try {
+        g.emplace(m);
+    } catch (...) {
+        restore();
+        throw;
+    }
+    restore();
+    for (std::int64_t l = 0; l < g->n_layers(); ++l)
+        std::visit([](auto& blk) {
+            if (auto* gu = detail::derived_gate_up(blk)) *gu = linear_weight();
+        }, g->layer_at(l));
+    g->for_each_param([](const std::string&, auto& t) { t.fill(0.0f); });
+    return std::move(*g);
+}
+
+/// The trainable parameters of `m` paired with their gradients in `g` (a zeros_like or gradient_model of m), in the
+/// models' fixed visiting order. `frozen(name)` marks parameters the optimizer skips. A parameter whose gradient
+/// tensor gradient_model left empty gets no gradient (grad nullptr) and must be frozen. Throws shape_error when m
+/// and g differ, config_error when a parameter with an empty gradient is not frozen.
 template <class Model, class Frozen>
 std::vector<param> parameters(Model& m, Model& g, Frozen&& frozen) {
     detail::require_f32_weights(m, "train::parameters");
@@ -119,8 +215,18 @@ std::vector<param> parameters(Model& m, Model& g, Frozen&& frozen) {
     });
     std::size_t i = 0;
     g.for_each_param([&](const std::string& name, tensor<float>& t) {
-        if (i >= ps.size() || ps[i].name != name || ps[i].value->shape() != t.shape())
+        if (i >= ps.size() || ps[i].name != name)
             throw shape_error("train::parameters: the gradient model does not match the model at '" + name + "'");
+        if (t.numel() == 0 && ps[i].value->numel() != 0) {  // a layer of gradient_model's frozen prefix
+            if (!ps[i].frozen)
+                throw config_error("train::parameters: '" + name + "' has no gradient tensor (its layer is in the gradient model's "
+                                   "frozen prefix) but is not frozen");
+            ++i;
+            return;
+        }
+        if (ps[i].value->shape() != t.shape())
+            throw shape_error("train::parameters: the gradient model does not match the model at '" + name + "' (shape " +
+                              shape_string(t.shape()) + ", the model's " + shape_string(ps[i].value->shape()) + ")");
         ps[i++].grad = &t;
     });
     if (i != ps.size()) throw shape_error("train::parameters: the gradient model has fewer tensors than the model");
@@ -137,8 +243,27 @@ inline void zero_grads(std::vector<param>& ps) {
         if (p.grad) p.grad->fill(0.0f);
 }
 
+namespace detail {
+/// Throws config_error when `g` lacks a gradient tensor that a backward from layer `first` up writes (a gradient
+/// model made with a larger frozen prefix than the activations').
+template <class Model>
+void require_grads_above(Model& m, Model& g, std::int64_t first) {
+    std::vector<std::int64_t> sizes;
+    m.for_each_param([&](const std::string&, const auto& t) { sizes.push_back(t.numel()); });
+    std::size_t i = 0;
+    g.for_each_param([&](const std::string& name, const auto& t) {
+        const std::int64_t want = i < sizes.size() ? sizes[i] : 0;
+        ++i;
+        if (t.numel() == 0 && want != 0 && !(detail::layer_of(name) >= 0 && detail::layer_of(name) < first))
+            throw config_error("loss_and_grad: the gradient model has no tensor for '" + name + "', which the backward from layer " +
+                               std::to_string(first) + " writes (gradient_model was given a larger frozen prefix than the activations)");
+    });
+}
+}  // namespace detail
+
 /// One training forward and backward of `m` over `batch` (fresh states for every sequence): accumulates
-/// grad_scale · d(Σ losses)/dθ into the gradient model `g` (a zeros_like of m; += so micro-batches accumulate) and
+/// grad_scale · d(Σ losses)/dθ into the gradient model `g` (a zeros_like of m, or gradient_model(m, p) for p at most
+/// a.frozen_prefix; += so micro-batches accumulate) and
 /// returns the loss. tokens and targets [n_rows] (target −1: no loss at that row; rows outside every sequence are
 /// ignored); `side` is the per-token side input of the blocks (Oryx modes, gate decisions; [n_rows] or empty). Throws
 /// shape_error (sizes), value_error (token or target outside [0, V)), nonfinite_error when the loss is not finite.
@@ -153,6 +278,7 @@ batch_loss loss_and_grad(const B& be, Model& m, Model& g, activations<Model>& a,
                           " targets for a batch of " + std::to_string(n) + " rows");
     if (a.frozen_prefix < 0 || a.frozen_prefix > L)
         throw value_error("loss_and_grad: frozen_prefix " + std::to_string(a.frozen_prefix) + " outside [0, " + std::to_string(L) + "]");
+    detail::require_grads_above(m, g, a.frozen_prefix);
     std::int64_t n_slots = 1;
     for (const auto sl : batch.slots) n_slots = std::max<std::int64_t>(n_slots, sl + 1);
     const validated_batch vb(batch, n_slots);

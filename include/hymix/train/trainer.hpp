@@ -8,6 +8,7 @@
 // point at it, so a run killed at any moment leaves the previous checkpoint intact.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include <functional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fcntl.h>
@@ -94,6 +96,14 @@ inline void write_text_atomic(const std::filesystem::path& path, const std::stri
     std::filesystem::rename(tmp, path, ec);
     if (ec) throw io_error("cannot rename '" + tmp + "' to '" + path.string() + "': " + ec.message());
     fsync_path(path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path());
+}
+/// "checkpoint-<step>" or ".checkpoint-<step>.tmp": the folders train_model writes.
+inline bool is_checkpoint_name(const std::string& f) {
+    std::string_view v = f;
+    const bool tmp = v.size() > 5 && v.front() == '.' && v.substr(v.size() - 4) == ".tmp";
+    if (tmp) v = v.substr(1, v.size() - 5);
+    if (v.rfind("checkpoint-", 0) != 0 || v.size() == 11) return false;
+    return std::all_of(v.begin() + 11, v.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 inline std::string fmt_duration(double s) {
     if (!std::isfinite(s) || s < 0) s = 0;
@@ -195,8 +205,8 @@ train_result train_model(const B& be, Model& m, const byte_corpus& corpus, const
     namespace fs = std::filesystem;
     opt.validate();
     fs::create_directories(out_dir);
-    Model g = zeros_like(m);
-    auto ps = parameters(m, g, setup.frozen);
+    Model g = gradient_model(m, setup.frozen_prefix);  // the frozen prefix gets no gradient tensors
+    auto ps = parameters(m, g, setup.frozen);           // (config_error when a parameter there is not frozen)
     if (!setup.save) throw config_error("train_model: no save function in the setup");
     adamw opt_state(ps, opt.adamw);
     window_sampler sampler(corpus, opt.seq_len, opt.seed);
@@ -346,13 +356,13 @@ train_result train_model(const B& be, Model& m, const byte_corpus& corpus, const
         fs::remove_all(dst);
         fs::rename(tmp, dst);
         detail::fsync_path(out_dir);
-        std::string prev;
-        {
-            std::ifstream lf(out_dir / "latest");
-            lf >> prev;
-        }
         detail::write_text_atomic(out_dir / "latest", name + "\n");
-        if (!prev.empty() && prev != name) fs::remove_all(out_dir / prev);
+        // Only the newest checkpoint stays: the previous one, and any a crashed call left (one between `latest` moving
+        // and this clean-up, an unfinished .checkpoint-<step>.tmp); other files in out_dir are the user's.
+        std::vector<fs::path> old;
+        for (const auto& e : fs::directory_iterator(out_dir))
+            if (const auto f = e.path().filename().string(); f != name && detail::is_checkpoint_name(f)) old.push_back(e.path());
+        for (const auto& p : old) fs::remove_all(p);
         res.checkpoint = dst;
     };
 

@@ -19,15 +19,20 @@ mkdir -p "$docs/backward"
 # and the families count different things): docs/backward/<bench>.<family>.csv.
 families() { "$bench_dir/bench_$1" --benchmark_list_tests | sed 's|/.*||' | awk '!seen[$0]++'; }
 if [ -z "${FROM_CSV:-}" ]; then
+    # Into a fresh folder first: the committed CSVs are replaced only when every family of every benchmark ran.
+    new=$(mktemp -d "$docs/backward.new.XXXXXX")
+    trap 'rm -rf "$new"' EXIT
     for b in $benches; do
         [ -x "$bench_dir/bench_$b" ] || { echo "backward_bench: '$bench_dir/bench_$b' is not built (cmake --build build/release --target bench_$b)" >&2; exit 2; }
-        rm -f "$docs/backward/$b".*.csv
-        for f in $(families "$b"); do
+        fams=$(families "$b") && [ -n "$fams" ] || { echo "backward_bench: bench_$b lists no benchmarks" >&2; exit 1; }
+        for f in $fams; do
             stage "bench_$b $f"
-            run_bench_csv "$bench_dir/bench_$b" "$docs/backward/$b.$f.csv" --benchmark_filter="^$f/" --benchmark_repetitions="$reps" \
+            run_bench_csv "$bench_dir/bench_$b" "$new/$b.$f.csv" --benchmark_filter="^$f/" --benchmark_repetitions="$reps" \
                 --benchmark_report_aggregates_only=true --benchmark_min_time="$min_time"
         done
     done
+    rm -f "$docs/backward"/*.csv
+    mv "$new"/*.csv "$docs/backward/"
 fi
 for b in $benches; do
     ls "$docs/backward/$b".*.csv > /dev/null 2>&1 || { echo "backward_bench: no results for bench_$b in $docs/backward" >&2; exit 2; }
@@ -95,14 +100,15 @@ peak=$(awk '
         }
         /^"?name"?,/ { k = splitcsv($0, h); c = 0; for (i = 1; i <= k; ++i) if (h[i] == "peak_GFLOP/s") c = i; next }
         c { splitcsv($0, v); if (v[c] + 0 > m) m = v[c] + 0 } END { if (m) printf "%.0f", m }' "$docs/backward"/backward_basic.*.csv)
-cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -n1)
+cpu="$(lscpu | sed -n 's/^Model name: *//p' | head -n1) (CPU family $(lscpu | sed -n 's/^CPU family: *//p' | head -n1))"
 {
     echo "# Training kernels: forward and backward"
     echo
     echo "\`scripts/backward_bench.sh\` ($(date -u +%Y-%m-%d), $cpu, $(nproc) cores; FMA peak measured in the run:"
     echo "${peak:-?} GFLOP/s on 2 threads). Medians of $reps repetitions; FLOPs count the GEMMs as executed (see each"
     echo "benchmark's top comment). The bwd/fwd column comes from the benchmarks that time both alternately in one loop"
-    echo "(issue 8 asks ≤ 2.5 for the chunked SSD and gated-delta ops and for attention)."
+    echo "(issue 8 asks ≤ 2.5 for the chunked SSD and gated-delta ops and for attention). SSD rows are"
+    echo "T/chunk/threads/states: states 1 adds a non-zero initial state and a final-state gradient (the training case is 0)."
     for b in $benches; do
         echo
         echo "## bench_$b"

@@ -278,12 +278,16 @@ amor)
         --blocks 2 --heads 2 --head-dim 16 --kappa 0.2 --steps 6 --out "$work/am"
     trained512=$(sed -n 's/^held-out window 512: bits\/byte \([0-9.]*\);.*/\1/p' "$work/all")
     amor=$work/am/checkpoint-6/amor.safetensors
-    # A hybrid backbone (a full_attention layer) is refused before anything is written.
+    # A hybrid backbone (a full_attention layer, listed or by the interval rule) is refused before anything is written.
     mkdir -p "$work/hy" && cp "$bb/model.safetensors" "$work/hy/"
-    echo '{"model_type": "qwen3_5_text", "layer_types": ["linear_attention", "full_attention"]}' > "$work/hy/config.json"
-    expect 2 "layer_types\[1\] is \"full_attention\": AMOR blocks train on a backbone with no attention layers.*hybrid" \
+    qwen='"model_type": "qwen3_5_text", "hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64, "vocab_size": 256'
+    echo "{$qwen, \"layer_types\": [\"linear_attention\", \"full_attention\"]}" > "$work/hy/config.json"
+    expect 2 "key 'layer_types\[1\]' = \"full_attention\": AMOR blocks train on a backbone with no attention layers.*hybrid" \
         amor-train -m "$work/hy" "${base[@]}" --blocks 2 --steps 2 --out "$work/amhy"
-    [ ! -e "$work/amhy/backbone.json" ] && echo "ok:   nothing written for the hybrid backbone" \
+    echo "{$qwen, \"full_attention_interval\": 2}" > "$work/hy/config.json"
+    expect 2 "full_attention_interval.* makes layer 1 full_attention: AMOR blocks train on a backbone with no attention layers" \
+        amor-train -m "$work/hy" "${base[@]}" --blocks 2 --steps 2 --out "$work/amhy"
+    [ ! -e "$work/amhy" ] && echo "ok:   nothing written for the hybrid backbone" \
         || { echo "FAIL: amor-train wrote into --out for a hybrid backbone"; failures=$((failures + 1)); }
     # Resuming (on a copy): other block or gate options are refused, the same ones continue the run; Ctrl-C (SIGINT)
     # stops it after the step in hand with a checkpoint (exit 130) that --resume continues (timeout -s KILL: a run the
@@ -346,6 +350,7 @@ amor)
     expect 1 "--kappa: 'abc' is not a number" amor-sweep -m "$bb" --amor "$amor" --text "$work/text.txt" --kappa 0.2,abc
     expect 1 "--kappa: '1,,2' has an empty item" amor-sweep -m "$bb" --amor "$amor" --text "$work/text.txt" --kappa 1,,2
     expect 1 "--window: '512,' has an empty item" amor-sweep -m "$bb" --amor "$amor" --text "$work/text.txt" --window=512,
+    expect 1 "unexpected argument: 0.2," amor-sweep -m "$bb" --amor "$amor" --text "$work/text.txt" --kappa 0.1 0.2,
     expect 1 "--window 4096: the held-out range has 2048 byte\(s\)" amor-sweep -m "$bb" --amor "$amor" --text "$work/text.txt" \
         --eval-bytes 2048 --window 4096
     expect 0 "wrote .*trace.html \(512 bytes traced; fire rate per block: [0-9.]+ [0-9.]+\)" amor-trace -m "$bb" --amor "$amor" \

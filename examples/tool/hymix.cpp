@@ -183,9 +183,11 @@ struct command_line {
         amor_sweep->add_option("--text", sweep.text, "text (bytes); the held-out part is the last 5%, as in training (required unless --from-csv)");
         amor_sweep->add_option("--kappa", sweep.kappas, "values of κ in τ = m̄ + κ·s̄ (the trained statistics m̄, s̄ are kept)")
             ->delimiter(',')
+            ->allow_extra_args(false)  // one comma-separated list per --kappa (so an empty item cannot hide in a later word)
             ->check(decimal(-100, 100));
         amor_sweep->add_option("--window", sweep.windows, "window lengths of the held-out protocol (shared/models/README.md)")
             ->delimiter(',')
+            ->allow_extra_args(false)
             ->check(whole(2, 1 << 20));
         amor_sweep->add_option("--eval-bytes", sweep.eval_bytes, "held-out bytes scored (from the start of the held-out part)")
             ->check(whole(3, std::int64_t{1} << 40));

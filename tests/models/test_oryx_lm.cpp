@@ -259,10 +259,8 @@ TEST_CASE("train_model with frozen parameters: they stay bit-identical, checkpoi
         const fs::path dir = fs::path(HYMIX_TEST_TMP) / ("oryx_lm_frozen" + tag), dir2 = fs::path(HYMIX_TEST_TMP) / ("oryx_lm_frozen_resume" + tag);
         fs::remove_all(dir);
         fs::remove_all(dir2);
-        // Leftovers of a crashed run (a checkpoint older than `latest`'s, an unfinished one) go at the next save; other
-        // files stay.
+        // Folders that were there before a fresh run are not the run's: they stay.
         fs::create_directories(dir / "checkpoint-77");
-        fs::create_directories(dir / ".checkpoint-3.tmp");
         fs::create_directories(dir / "notes");
         auto m = train::random_oryx_lm(s, 5);
         std::vector<std::vector<float>> before;
@@ -287,13 +285,23 @@ TEST_CASE("train_model with frozen parameters: they stay bit-identical, checkpoi
         o2.stop_after = 3;
         train::train_model(be, m2, corpus, o2, setup, dir2, false);
         auto m3 = models::load_oryx_lm(train::latest_checkpoint(dir2));
+        // Leftovers of a crashed call of this run (a checkpoint older than `latest`'s, an unfinished one) go at the
+        // resumed run's next save.
+        fs::create_directories(dir2 / "checkpoint-1");
+        fs::create_directories(dir2 / ".checkpoint-5.tmp");
         train::train_model(be, m3, corpus, o, setup, dir2, true);
         CHECK(loss_curve(dir / "loss.csv") == loss_curve(dir2 / "loss.csv"));
-        std::vector<std::string> left;
-        for (const auto& e : fs::directory_iterator(dir))
-            if (e.is_directory()) left.push_back(e.path().filename().string());
-        std::sort(left.begin(), left.end());
-        CHECK(left == std::vector<std::string>{train::latest_checkpoint(dir).filename().string(), "notes"});
+        auto folders = [](const fs::path& d) {
+            std::vector<std::string> left;
+            for (const auto& e : fs::directory_iterator(d))
+                if (e.is_directory()) left.push_back(e.path().filename().string());
+            std::sort(left.begin(), left.end());
+            return left;
+        };
+        std::vector<std::string> want{train::latest_checkpoint(dir).filename().string(), "checkpoint-77", "notes"};
+        std::sort(want.begin(), want.end());
+        CHECK(folders(dir) == want);
+        CHECK(folders(dir2) == std::vector<std::string>{train::latest_checkpoint(dir2).filename().string()});
     }
 }
 

@@ -197,7 +197,8 @@ TEST_CASE("gradient_model: the frozen prefix gets no gradient tensors, the rest 
     std::int64_t mtotal = 0, gtotal = 0;
     for (std::size_t i = 0; i < names.size(); ++i) {
         CAPTURE(names[i]);
-        const bool prefix = names[i].rfind("layers.0.", 0) == 0 || names[i].rfind("layers.1.", 0) == 0;
+        // The prefix's layers, and the (untied) embedding, which no gradient reaches above a frozen prefix.
+        const bool prefix = names[i].rfind("layers.0.", 0) == 0 || names[i].rfind("layers.1.", 0) == 0 || names[i] == "embedding";
         CHECK(gsize[i] == (prefix ? 0 : msize[i]));
         mtotal += msize[i];
         gtotal += gsize[i];
@@ -223,13 +224,31 @@ TEST_CASE("gradient_model: the frozen prefix gets no gradient tensors, the rest 
     }
 
     // parameters(): the prefix's tensors get no gradient and must be frozen.
-    auto in_prefix = [](const std::string& n) { return n.rfind("layers.0.", 0) == 0 || n.rfind("layers.1.", 0) == 0; };
+    auto in_prefix = [](const std::string& n) {
+        return n.rfind("layers.0.", 0) == 0 || n.rfind("layers.1.", 0) == 0 || n == "embedding";
+    };
     const auto ps = train::parameters(m, g, in_prefix);
     for (const auto& p : ps) {
         CAPTURE(p.name);
         CHECK((p.grad == nullptr) == in_prefix(p.name));
     }
     CHECK_THROWS_AS(train::parameters(m, g), config_error);
+    CHECK_THROWS_AS(train::parameters(m, g, [](const std::string& n) { return n.rfind("layers.", 0) == 0 && n[7] < '2'; }),
+                    config_error);  // the embedding, left without a gradient, is not frozen
+
+    // Tied embeddings: the LM head's gradient is the embedding's, so it keeps its tensor.
+    {
+        auto mt = make_toy<plain_rms_norm, swiglu_mlp>(6, 11, 3, 5, true, 9);
+        auto gt = train::gradient_model(mt, 2);
+        std::int64_t emb = -1;
+        gt.for_each_param([&](const std::string& n, tensor<float>& t) {
+            if (n == "embedding") emb = t.numel();
+        });
+        CHECK(emb == 11 * 6);
+        train::activations<M> at;
+        at.frozen_prefix = 2;
+        CHECK_NOTHROW(train::loss_and_grad(be, mt, gt, at, b, tok, tgt, 0.5f));
+    }
 
     // Activations with a smaller frozen prefix would write gradients the model does not hold.
     train::activations<M> a0;

@@ -93,8 +93,10 @@ struct amor_config {
 
 /// The AMOR backbone kind of a checkpoint's config.json (`config`, read from `config_path`): "mamba2" for model_type
 /// mamba2, "gdn" for a Qwen3.5 text model whose every layer is linear_attention (AMOR's blocks add attention on
-/// top of a purely recurrent backbone). Throws config_error naming the file for any other
-/// model_type and for a hybrid Qwen3.5 (a full_attention layer: the first one's index is given).
+/// top of a purely recurrent backbone). The layer kinds are those the Qwen3.5 loader derives: `layer_types`, or the
+/// `full_attention_interval` rule where it is absent. Throws config_error naming the file for any other model_type
+/// and for a hybrid (naming the first full_attention layer and what makes it one), and the loader's config_error for
+/// a malformed Qwen3.5 config.
 inline std::string amor_backbone_kind(const nlohmann::json& config, const std::string& config_path) {
     const std::string mt = config.is_object() && config.contains("model_type") && config["model_type"].is_string()
                                ? config["model_type"].get<std::string>()
@@ -103,16 +105,12 @@ inline std::string amor_backbone_kind(const nlohmann::json& config, const std::s
     if (mt != "qwen3_5_text" && mt != "qwen3_5")
         throw config_error(config_path + ": model_type '" + mt + "' cannot carry AMOR blocks (a Mamba-2 'mamba2' or an all-GDN Qwen3.5 "
                            "'qwen3_5_text' backbone can)");
-    const nlohmann::json* cfg = &config;
-    if (config.contains("text_config") && config["text_config"].is_object()) cfg = &config["text_config"];
-    if (cfg->contains("layer_types") && (*cfg)["layer_types"].is_array()) {
-        const auto& lt = (*cfg)["layer_types"];
-        for (std::size_t i = 0; i < lt.size(); ++i)
-            if (!lt[i].is_string() || lt[i].get<std::string>() != "linear_attention")
-                throw config_error(config_path + ": layer_types[" + std::to_string(i) + "] is " + lt[i].dump() +
-                                   ": AMOR blocks train on a backbone with no attention layers (Mamba-2, or Qwen3.5 with every layer "
-                                   "linear_attention); this one is a hybrid");
-    }
+    const auto c = read_hf_qwen3_5_config(config, config_path);
+    for (std::size_t i = 0; i < c.kinds.size(); ++i)
+        if (c.kinds[i] != layer_kind::gated_deltanet)
+            throw config_error(config_path + ": " + qwen3_5_kind_source(qwen3_5_text_keys(config, config_path), static_cast<std::int64_t>(i)) +
+                               ": AMOR blocks train on a backbone with no attention layers (Mamba-2, or Qwen3.5 with every layer "
+                               "linear_attention); this one is a hybrid");
     return "gdn";
 }
 

@@ -134,54 +134,62 @@ linear_weight* derived_gate_up(Blk& blk) {
 
 /// The gradient model for training `m` with its layers [0, frozen_prefix) run forward only (activations::
 /// frozen_prefix): zeros_like(m), except that the parameters of those layers are empty tensors (same rank, every
-/// dimension 0) and no layer keeps the SwiGLU's derived gate|up copy (backward never touches it). The prefix's
-/// backward never runs, so a frozen backbone under trained blocks (AMOR) costs no gradient memory. The frozen
-/// layers' weights are never copied, not even for a moment: they are set aside while the rest of m is copied and
-/// put back (m is unchanged, also when the copy throws). Use it with parameters(m, g, frozen), whose `frozen` must
-/// hold for every parameter of those layers, and with activations whose frozen_prefix is at least as large. Throws
-/// value_error when frozen_prefix is outside [0, n_layers], config_error when m's weights are not fp32.
+/// dimension 0), so is the embedding's when frozen_prefix > 0 and it is not tied to the LM head (no gradient reaches
+/// it then), and no layer keeps the SwiGLU's derived gate|up copy (backward never touches it). A frozen backbone
+/// under trained blocks (AMOR) thus costs no gradient memory. The frozen layers' weights are never copied, not even
+/// for a moment: they are set aside while the rest of m is copied and put back, so m is briefly incomplete (no other
+/// thread may use it during the call) and unchanged afterwards, also when something throws. Use it with
+/// parameters(m, g, frozen), whose `frozen` must hold for every parameter left without a gradient, and with
+/// activations whose frozen_prefix is at least as large. Throws value_error when frozen_prefix is outside
+/// [0, n_layers], config_error when m's weights are not fp32.
 template <class Model>
 Model gradient_model(Model& m, std::int64_t frozen_prefix) {
     detail::require_f32_weights(m, "gradient_model");
     if (frozen_prefix < 0 || frozen_prefix > m.n_layers())
         throw value_error("gradient_model: frozen_prefix " + std::to_string(frozen_prefix) + " outside [0, " + std::to_string(m.n_layers()) + "]");
-    // Set the prefix's parameters (and derived copies) aside, leaving same-rank empty stand-ins in m.
-    std::vector<linear_weight> aside;
-    auto in_prefix = [&](const std::string& name) {
+    const bool no_embedding_grad = frozen_prefix > 0 && !m.config().tie_embeddings;
+    auto set_aside = [&](const std::string& name) {
+        if (name == "embedding") return no_embedding_grad;
         const std::int64_t l = detail::layer_of(name);
         return l >= 0 && l < frozen_prefix;
     };
-    m.for_each_param([&](const std::string& name, auto& t) {
-        if (!in_prefix(name)) return;
-        auto stand_in = detail::empty_like_rank(t);
-        if constexpr (is_linear_weight_v<decltype(t)>) {
-            aside.push_back(std::move(t));
-        } else {
-            aside.emplace_back(std::move(t));
-        }
-        t = std::move(stand_in);
-    });
-    for (std::int64_t l = 0; l < frozen_prefix; ++l)
-        std::visit([&](auto& blk) {
-            if (auto* gu = detail::derived_gate_up(blk)) {
-                aside.push_back(std::move(*gu));
-                *gu = linear_weight();
-            }
-        }, m.layer_at(l));
-    auto restore = [&] {  // the same visiting order: the stand-ins keep each parameter's presence
+    // Set those parameters (and the prefix's derived copies) aside, leaving same-rank empty stand-ins in m: blocks
+    // decide a parameter's presence by its rank, so every later visit sees the same parameters in the same order.
+    std::size_t n_aside = 0;
+    m.for_each_param([&](const std::string& name, const auto&) { n_aside += set_aside(name) ? 1 : 0; });
+    std::vector<linear_weight> aside;
+    aside.reserve(n_aside + static_cast<std::size_t>(frozen_prefix));
+    std::size_t n_params = 0, n_derived = 0;  // how many of each were set aside (all, unless something threw)
+    auto restore = [&] {
         std::size_t i = 0;
         m.for_each_param([&](const std::string& name, auto& t) {
-            if (!in_prefix(name)) return;
+            if (!set_aside(name) || i >= n_params) return;
             if constexpr (is_linear_weight_v<decltype(t)>) t = std::move(aside[i++]);
             else t = std::move(aside[i++].f32());
         });
-        for (std::int64_t l = 0; l < frozen_prefix; ++l)
+        for (std::int64_t l = 0; l < frozen_prefix && i < n_params + n_derived; ++l)
             std::visit([&](auto& blk) {
-                if (auto* gu = detail::derived_gate_up(blk)) *gu = std::move(aside[i++]);
+                if (auto* gu = detail::derived_gate_up(blk); gu && i < n_params + n_derived) *gu = std::move(aside[i++]);
             }, m.layer_at(l));
     };
     std::optional<Model> g;
     try {
+        m.for_each_param([&](const std::string& name, auto& t) {
+            if (!set_aside(name)) return;
+            auto stand_in = detail::empty_like_rank(t);
+            if constexpr (is_linear_weight_v<decltype(t)>) aside.push_back(std::move(t));
+            else aside.emplace_back(std::move(t));
+            t = std::move(stand_in);
+            ++n_params;
+        });
+        for (std::int64_t l = 0; l < frozen_prefix; ++l)
+            std::visit([&](auto& blk) {
+                if (auto* gu = detail::derived_gate_up(blk)) {
+                    aside.push_back(std::move(*gu));
+                    *gu = linear_weight();
+                    ++n_derived;
+                }
+            }, m.layer_at(l));
         g.emplace(m);
     } catch (...) {
         restore();
@@ -217,10 +225,10 @@ std::vector<param> parameters(Model& m, Model& g, Frozen&& frozen) {
     g.for_each_param([&](const std::string& name, tensor<float>& t) {
         if (i >= ps.size() || ps[i].name != name)
             throw shape_error("train::parameters: the gradient model does not match the model at '" + name + "'");
-        if (t.numel() == 0 && ps[i].value->numel() != 0) {  // a layer of gradient_model's frozen prefix
+        if (t.numel() == 0 && ps[i].value->numel() != 0) {  // below gradient_model's frozen prefix
             if (!ps[i].frozen)
-                throw config_error("train::parameters: '" + name + "' has no gradient tensor (its layer is in the gradient model's "
-                                   "frozen prefix) but is not frozen");
+                throw config_error("train::parameters: '" + name + "' has no gradient tensor (backward stops above the gradient "
+                                   "model's frozen prefix) but is not frozen");
             ++i;
             return;
         }
@@ -254,7 +262,9 @@ void require_grads_above(Model& m, Model& g, std::int64_t first) {
     g.for_each_param([&](const std::string& name, const auto& t) {
         const std::int64_t want = i < sizes.size() ? sizes[i] : 0;
         ++i;
-        if (t.numel() == 0 && want != 0 && !(detail::layer_of(name) >= 0 && detail::layer_of(name) < first))
+        const bool unused = (detail::layer_of(name) >= 0 && detail::layer_of(name) < first) ||
+                            (name == "embedding" && first > 0 && !m.config().tie_embeddings);
+        if (t.numel() == 0 && want != 0 && !unused)
             throw config_error("loss_and_grad: the gradient model has no tensor for '" + name + "', which the backward from layer " +
                                std::to_string(first) + " writes (gradient_model was given a larger frozen prefix than the activations)");
     });

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -205,6 +206,11 @@ train_result train_model(const B& be, Model& m, const byte_corpus& corpus, const
     namespace fs = std::filesystem;
     opt.validate();
     fs::create_directories(out_dir);
+    // Checkpoint folders already in out_dir when a fresh run starts belong to someone else: saves never remove them.
+    std::set<std::string> foreign;
+    if (!resume)
+        for (const auto& e : fs::directory_iterator(out_dir))
+            if (const auto f = e.path().filename().string(); detail::is_checkpoint_name(f)) foreign.insert(f);
     Model g = gradient_model(m, setup.frozen_prefix);  // the frozen prefix gets no gradient tensors
     auto ps = parameters(m, g, setup.frozen);           // (config_error when a parameter there is not frozen)
     if (!setup.save) throw config_error("train_model: no save function in the setup");
@@ -357,12 +363,20 @@ train_result train_model(const B& be, Model& m, const byte_corpus& corpus, const
         fs::rename(tmp, dst);
         detail::fsync_path(out_dir);
         detail::write_text_atomic(out_dir / "latest", name + "\n");
-        // Only the newest checkpoint stays: the previous one, and any a crashed call left (one between `latest` moving
-        // and this clean-up, an unfinished .checkpoint-<step>.tmp); other files in out_dir are the user's.
+        // Only the newest checkpoint of the run stays: the previous one goes, and so does any a crashed call of this
+        // run left (one between `latest` moving and this clean-up, an unfinished .checkpoint-<step>.tmp). Folders that
+        // were in out_dir when a fresh run started are not the run's and stay, as does every other file. Best effort:
+        // the new checkpoint is already safe, so a folder that cannot be removed costs a note, not the run.
+        std::error_code ec;
         std::vector<fs::path> old;
-        for (const auto& e : fs::directory_iterator(out_dir))
-            if (const auto f = e.path().filename().string(); f != name && detail::is_checkpoint_name(f)) old.push_back(e.path());
-        for (const auto& p : old) fs::remove_all(p);
+        for (fs::directory_iterator it(out_dir, ec), end; !ec && it != end; it.increment(ec))
+            if (const auto f = it->path().filename().string(); f != name && detail::is_checkpoint_name(f) && !foreign.count(f))
+                old.push_back(it->path());
+        for (const auto& p : old) {
+            std::error_code rc;
+            fs::remove_all(p, rc);
+            if (rc && log) *log << "note: could not remove the old checkpoint '" << p.string() << "': " << rc.message() << "\n";
+        }
         res.checkpoint = dst;
     };
 

@@ -39,22 +39,25 @@ for b in $benches; do
     for c in "$docs/backward/$b".*.csv; do bench_csv_ok "$c" || { echo "backward_bench: no results in $c" >&2; exit 2; }; done
 done
 
+# awk: splitcsv(line, out) splits a CSV line into out[1..n] (quoted fields may hold commas) and returns n.
+splitcsv='
+    function splitcsv(line, out,   n, i, c, f, q) {
+        n = 0; f = ""; q = 0
+        for (i = 1; i <= length(line); ++i) {
+            c = substr(line, i, 1)
+            if (c == "\"") { q = !q; continue }
+            if (c == "," && !q) { out[++n] = f; f = ""; continue }
+            f = f c
+        }
+        out[++n] = f
+        return n
+    }'
+
 # One table row per median of the bench's CSVs (quoted fields may hold commas): the benchmark, its time (ms),
 # GFLOP/s, fraction of the FMA peak, and bwd/fwd: the alternating benchmark's counter, or for a *_backward row the
 # ratio of its median to the matching *_forward (or *_forward_train) row's.
 table() {
-    awk '
-        function splitcsv(line, out,   n, i, c, f, q) {
-            n = 0; f = ""; q = 0
-            for (i = 1; i <= length(line); ++i) {
-                c = substr(line, i, 1)
-                if (c == "\"") { q = !q; continue }
-                if (c == "," && !q) { out[++n] = f; f = ""; continue }
-                f = f c
-            }
-            out[++n] = f
-            return n
-        }
+    awk "$splitcsv"'
         FNR == 1 { on = 0 }
         { sub(/\r$/, "") }
         /^"?name"?,/ { delete col; m = splitcsv($0, h); for (i = 1; i <= m; ++i) col[h[i]] = i; on = 1; next }
@@ -86,21 +89,10 @@ table() {
             }
         }' "$@"
 }
-peak=$(awk '
-        function splitcsv(line, out,   n, i, c, f, q) {
-            n = 0; f = ""; q = 0
-            for (i = 1; i <= length(line); ++i) {
-                c = substr(line, i, 1)
-                if (c == "\"") { q = !q; continue }
-                if (c == "," && !q) { out[++n] = f; f = ""; continue }
-                f = f c
-            }
-            out[++n] = f
-            return n
-        }
+peak=$(awk "$splitcsv"'
         /^"?name"?,/ { k = splitcsv($0, h); c = 0; for (i = 1; i <= k; ++i) if (h[i] == "peak_GFLOP/s") c = i; next }
         c { splitcsv($0, v); if (v[c] + 0 > m) m = v[c] + 0 } END { if (m) printf "%.0f", m }' "$docs/backward"/backward_basic.*.csv)
-cpu="$(lscpu | sed -n 's/^Model name: *//p' | head -n1) (CPU family $(lscpu | sed -n 's/^CPU family: *//p' | head -n1))"
+cpu=$(cpu_name)
 {
     echo "# Training kernels: forward and backward"
     echo

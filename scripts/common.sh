@@ -63,6 +63,11 @@ stage() {
     printf '\n==== %s ====\n' "$*"
 }
 
+# This machine's CPU for result pages: lscpu's model name and CPU family (the kind varies between sessions).
+cpu_name() {
+    echo "$(lscpu | sed -n 's/^Model name: *//p' | head -n1) (CPU family $(lscpu | sed -n 's/^CPU family: *//p' | head -n1))"
+}
+
 # Whether $1 is a Google Benchmark CSV with its header and at least one result row.
 bench_csv_ok() {
     awk -F, '/^"?name"?,/ { h = 1; next } h && NF > 5 { r = 1 } END { exit !(h && r) }' "$1" 2>/dev/null

@@ -65,7 +65,7 @@ done
 mv "$csv.tmp" "$csv"
 fi
 
-cpu="$(lscpu | sed -n 's/^Model name: *//p' | head -n1) (CPU family $(lscpu | sed -n 's/^CPU family: *//p' | head -n1))"
+cpu=$(cpu_name)
 {
     echo "# Ten minutes of training on this machine"
     echo

@@ -112,6 +112,14 @@ inline std::int64_t layer_of(const std::string& name) {
     for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) l = 10 * l + (name[i] - '0');
     return i > 7 ? l : -1;
 }
+/// Whether no gradient reaches parameter `name` when backward stops above the first `frozen_prefix` layers: the
+/// prefix's own parameters, and the embedding when frozen_prefix > 0 and it is not tied to the LM head (a tied one
+/// gets the head's gradient).
+inline bool below_frozen_prefix(const std::string& name, std::int64_t frozen_prefix, bool tied_embeddings) {
+    if (name == "embedding") return frozen_prefix > 0 && !tied_embeddings;
+    const std::int64_t l = layer_of(name);
+    return l >= 0 && l < frozen_prefix;
+}
 }  // namespace detail
 
 namespace detail {
@@ -147,12 +155,8 @@ Model gradient_model(Model& m, std::int64_t frozen_prefix) {
     detail::require_f32_weights(m, "gradient_model");
     if (frozen_prefix < 0 || frozen_prefix > m.n_layers())
         throw value_error("gradient_model: frozen_prefix " + std::to_string(frozen_prefix) + " outside [0, " + std::to_string(m.n_layers()) + "]");
-    const bool no_embedding_grad = frozen_prefix > 0 && !m.config().tie_embeddings;
-    auto set_aside = [&](const std::string& name) {
-        if (name == "embedding") return no_embedding_grad;
-        const std::int64_t l = detail::layer_of(name);
-        return l >= 0 && l < frozen_prefix;
-    };
+    const bool tied = m.config().tie_embeddings;
+    auto set_aside = [&](const std::string& name) { return detail::below_frozen_prefix(name, frozen_prefix, tied); };
     // Set those parameters (and the prefix's derived copies) aside, leaving same-rank empty stand-ins in m: blocks
     // decide a parameter's presence by its rank, so every later visit sees the same parameters in the same order.
     std::size_t n_aside = 0;
@@ -262,9 +266,7 @@ void require_grads_above(Model& m, Model& g, std::int64_t first) {
     g.for_each_param([&](const std::string& name, const auto& t) {
         const std::int64_t want = i < sizes.size() ? sizes[i] : 0;
         ++i;
-        const bool unused = (detail::layer_of(name) >= 0 && detail::layer_of(name) < first) ||
-                            (name == "embedding" && first > 0 && !m.config().tie_embeddings);
-        if (t.numel() == 0 && want != 0 && !unused)
+        if (t.numel() == 0 && want != 0 && !detail::below_frozen_prefix(name, first, m.config().tie_embeddings))
             throw config_error("loss_and_grad: the gradient model has no tensor for '" + name + "', which the backward from layer " +
                                std::to_string(first) + " writes (gradient_model was given a larger frozen prefix than the activations)");
     });

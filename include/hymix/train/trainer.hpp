@@ -106,6 +106,14 @@ inline bool is_checkpoint_name(const std::string& f) {
     if (v.rfind("checkpoint-", 0) != 0 || v.size() == 11) return false;
     return std::all_of(v.begin() + 11, v.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
+/// The names of the checkpoint folders (is_checkpoint_name) in `dir`; none where it cannot be read.
+inline std::vector<std::string> checkpoint_folders(const std::filesystem::path& dir) {
+    std::vector<std::string> out;
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+        if (auto f = it->path().filename().string(); is_checkpoint_name(f)) out.push_back(std::move(f));
+    return out;
+}
 inline std::string fmt_duration(double s) {
     if (!std::isfinite(s) || s < 0) s = 0;
     const auto t = static_cast<long long>(s + 0.5);
@@ -209,8 +217,7 @@ train_result train_model(const B& be, Model& m, const byte_corpus& corpus, const
     // Checkpoint folders already in out_dir when a fresh run starts belong to someone else: saves never remove them.
     std::set<std::string> foreign;
     if (!resume)
-        for (const auto& e : fs::directory_iterator(out_dir))
-            if (const auto f = e.path().filename().string(); detail::is_checkpoint_name(f)) foreign.insert(f);
+        for (auto& f : detail::checkpoint_folders(out_dir)) foreign.insert(std::move(f));
     Model g = gradient_model(m, setup.frozen_prefix);  // the frozen prefix gets no gradient tensors
     auto ps = parameters(m, g, setup.frozen);           // (config_error when a parameter there is not frozen)
     if (!setup.save) throw config_error("train_model: no save function in the setup");
@@ -367,15 +374,11 @@ train_result train_model(const B& be, Model& m, const byte_corpus& corpus, const
         // run left (one between `latest` moving and this clean-up, an unfinished .checkpoint-<step>.tmp). Folders that
         // were in out_dir when a fresh run started are not the run's and stay, as does every other file. Best effort:
         // the new checkpoint is already safe, so a folder that cannot be removed costs a note, not the run.
-        std::error_code ec;
-        std::vector<fs::path> old;
-        for (fs::directory_iterator it(out_dir, ec), end; !ec && it != end; it.increment(ec))
-            if (const auto f = it->path().filename().string(); f != name && detail::is_checkpoint_name(f) && !foreign.count(f))
-                old.push_back(it->path());
-        for (const auto& p : old) {
+        for (const auto& f : detail::checkpoint_folders(out_dir)) {
+            if (f == name || foreign.count(f)) continue;
             std::error_code rc;
-            fs::remove_all(p, rc);
-            if (rc && log) *log << "note: could not remove the old checkpoint '" << p.string() << "': " << rc.message() << "\n";
+            fs::remove_all(out_dir / f, rc);
+            if (rc && log) *log << "note: could not remove the old checkpoint '" << (out_dir / f).string() << "': " << rc.message() << "\n";
         }
         res.checkpoint = dst;
     };

@@ -72,9 +72,9 @@ namespace detail {
 //   2. the W lanes are summed by halving: v[i] ← v[i] + v[i + h] for h = W/2, W/4, …, 1 (lane_tree_sum);
 //   3. then the bias, if any, is added: y = v[0] + b[n].
 // Every tile shape and every code path below computes exactly this. Speed comes from the blocking instead: decode
-// (M ≤ 2 rows, or a few row tiles) streams each weight row once for all rows, the first row tile prefetching the
-// next weight tile (a second row tile then computes from cache while memory keeps streaming); prefill keeps a block of x in L2 while weight
-// tiles pass through L1, each loaded vector feeding several FMAs (../shared/docs/machine.md).
+// (M ≤ 2 rows, or two row tiles) streams each weight row once for all rows, the first row tile prefetching the next
+// weight tile (a second row tile then computes from cache while memory keeps streaming); prefill keeps a block of x
+// in L2 while weight tiles pass through L1, each loaded vector feeding several FMAs (../shared/docs/machine.md).
 
 /// Steps 2 and 3 for a tile: y[m0 + r, n0 + c] = lane_tree_sum(acc[r·C + c]) (+ bias[n0 + c]).
 template <class Arch, int R, int C>
@@ -336,7 +336,8 @@ void linear_row_tiles(tensor_view<const float, 2> x, tensor_view<const TW, 2> w,
 
 /// Rows [m0, m1) against weight rows [n0, n1) in weight tiles of C rows (the last one narrower), first to last or,
 /// with `reverse`, last to first (so consecutive row blocks start on the weight tiles still in cache). Blocks of
-/// more than one row tile and K > k_chunk (at most MaxRows rows then) run in K ranges (linear_row_tiles).
+/// more than one row tile and K > k_chunk (at most MaxRows rows then) run in K ranges (linear_row_tiles). `Prefetch`
+/// fetches the tile C rows on, the next one only first to last: callers never combine it with `reverse`.
 template <class Arch, int R, int C, int MaxRows = R, bool Prefetch = false, class TW>
 void linear_block(tensor_view<const float, 2> x, tensor_view<const TW, 2> w, const float* bias, tensor_view<float, 2> y,
                   std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1, std::int64_t k_chunk, bool reverse = false) {
@@ -363,9 +364,10 @@ void linear_columns(tensor_view<const float, 2> x, tensor_view<const TW, 2> w, c
                     std::int64_t n0, std::int64_t n1) {
     using tiles = linear_tiles<Arch>;
     const std::int64_t M = x.dim(0), K = x.dim(1);
-    // Decode (M ≤ 2 rows: one row tile) prefetches the next weight tile while it computes: measured faster for 16-
-    // and 8-bit weights, whose widening otherwise stalls the stream (bench_linear M 1, 2 threads, Zen 5: bf16 and i8
-    // 10–30% less time, f32 unchanged).
+    // Decode (M ≤ 2 rows: one row tile) prefetches the next weight tile while it computes. Measured on Zen 5, 2
+    // threads: bench_linear M 1 took 10–30% less time with bf16 and i8 weights (their widening otherwise stalls the
+    // stream) and the same with f32; whole-model decode steps at batch 1 were 1.01–1.41× faster
+    // (docs/decode_prefetch_2core.csv).
     if (M <= 2) {
         linear_block<Arch, 2, tiles::C_few_rows, 2, true>(x, w, bias, y, 0, M, n0, n1, K);
         return;

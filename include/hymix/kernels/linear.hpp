@@ -379,23 +379,21 @@ void linear_columns(tensor_view<const float, 2> x, tensor_view<const TW, 2> w, c
     constexpr std::int64_t l2_bytes = 256 * 1024, chunk_above = 1536, k_chunk = 1024, chunk_rows = 64;
     std::int64_t mb = std::max<std::int64_t>(tiles::R, l2_bytes / (4 * std::max<std::int64_t>(K, 1)) / tiles::R * tiles::R);
     if (K > chunk_above) mb = std::min(mb, chunk_rows);
+    // One block of rows [m0, m1): weight tiles in L1 by themselves, or K ranges of k_chunk for long rows.
+    auto block = [&](auto prefetch, std::int64_t m0, std::int64_t m1, bool reverse) {
+        constexpr bool P = decltype(prefetch)::value;
+        if (K > chunk_above)
+            linear_block<Arch, tiles::R, tiles::C, chunk_rows, P>(x, w, bias, y, m0, m1, n0, n1, k_chunk, reverse);
+        else
+            linear_block<Arch, tiles::R, tiles::C, tiles::R, P>(x, w, bias, y, m0, m1, n0, n1, K, reverse);
+    };
     // Decode batches (two row tiles at most): each weight tile is read from memory by the first row tile and from
     // cache by the second, while the memory would idle; the first prefetches the next weight tile to keep it busy.
     if (M <= 2 * tiles::R) {
-        if (K > chunk_above)
-            linear_block<Arch, tiles::R, tiles::C, 2 * tiles::R, true>(x, w, bias, y, 0, M, n0, n1, k_chunk);
-        else
-            linear_block<Arch, tiles::R, tiles::C, tiles::R, true>(x, w, bias, y, 0, M, n0, n1, K);
+        block(std::true_type{}, 0, M, false);
         return;
     }
-    for (std::int64_t m0 = 0; m0 < M; m0 += mb) {
-        const std::int64_t m1 = std::min(M, m0 + mb);
-        const bool reverse = (m0 / mb) % 2 == 1;
-        if (K > chunk_above)
-            linear_block<Arch, tiles::R, tiles::C, chunk_rows>(x, w, bias, y, m0, m1, n0, n1, k_chunk, reverse);
-        else
-            linear_block<Arch, tiles::R, tiles::C>(x, w, bias, y, m0, m1, n0, n1, K, reverse);
-    }
+    for (std::int64_t m0 = 0; m0 < M; m0 += mb) block(std::false_type{}, m0, std::min(M, m0 + mb), (m0 / mb) % 2 == 1);
 }
 
 }  // namespace detail

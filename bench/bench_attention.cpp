@@ -1,6 +1,7 @@
 // Causal attention layer throughput (spec.md §2): tiled prefill (projections, qk-norm, RoPE, flash-style attention,
 // gate, o_proj) and decode steps over a long KV cache, for the shared checkpoints' layer (d 256, 4/2 heads × 64,
-// output gate, zero-centred qk-norm, partial RoPE 0.25) and a 130M-class layer (d 768, 12 heads × 64, MHA, no gate).
+// output gate, zero-centred qk-norm, partial RoPE 0.25) and a 130M-class layer (d 768, 12 heads × 64, MHA, no gate);
+// prefill also for Qwen3.5 0.8B's layer (d 1024, 8 / 2 heads × 256, output gate).
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -24,10 +25,18 @@ hymix::attention_config layer_config(int which) {
         c.output_gate = true;
         c.qk_norm.mode = hymix::qk_norm_mode::zero_centered;
         c.rope = {hymix::rope_mode::rotate_half, 1e7, 0.25};
-    } else {  // 130M-class layer
+    } else if (which == 1) {  // 130M-class layer
         c.d_model = 768;
         c.n_heads = c.n_kv_heads = 12;
         c.head_dim = 64;
+    } else {  // Qwen3.5 0.8B's layer (bench/configs/qwen3.5-0.8b.json)
+        c.d_model = 1024;
+        c.n_heads = 8;
+        c.n_kv_heads = 2;
+        c.head_dim = 256;
+        c.output_gate = true;
+        c.qk_norm.mode = hymix::qk_norm_mode::zero_centered;
+        c.rope = {hymix::rope_mode::rotate_half, 1e7, 0.25};
     }
     return c;
 }
@@ -40,7 +49,7 @@ double weight_bytes(const hymix::attention_config& c) {
     return 4.0 * static_cast<double>(c.d_model) * static_cast<double>(c.q_rows() + 2 * c.kv_rows() + c.n_heads * c.head_dim);
 }
 
-// Args: layer (0 = d 256, 1 = d 768), batch B, tokens per sequence T. Each iteration prefills fresh sequences.
+// Args: layer (0 = d 256, 1 = d 768, 2 = d 1024), batch B, tokens per sequence T. Each iteration prefills fresh sequences.
 void BM_attn_prefill(benchmark::State& st) {
     const auto c = layer_config(static_cast<int>(st.range(0)));
     const std::int64_t B = st.range(1), T = st.range(2);
@@ -171,7 +180,7 @@ BENCHMARK(BM_attn_decode_kernel)
 BENCHMARK(BM_attn_prefill)
     ->ArgNames({"layer", "B", "T"})
     ->Args({0, 1, 512})->Args({0, 1, 2048})->Args({0, 8, 512})->Args({0, 8, 2048})
-    ->Args({1, 1, 512})->Args({1, 1, 2048})->Args({1, 8, 512})->Args({1, 8, 2048})
+    ->Args({1, 1, 512})->Args({1, 1, 2048})->Args({1, 8, 512})->Args({1, 8, 2048})->Args({2, 1, 512})
     ->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_attn_decode)
     ->ArgNames({"layer", "B", "ctx"})

@@ -1,6 +1,7 @@
 // Gated DeltaNet layer throughput (spec.md §4): chunked prefill (projections, conv, WY/UT core, gated norm, out_proj)
 // and batched decode steps, for the shared checkpoints' layer (d 256, 4/4 heads × 64) and a 130M-class layer
-// (d 768, 6 key heads × 128, 12 value heads × 128). FLOPs and bytes are counted per call, reported against peak.
+// (d 768, 6 key heads × 128, 12 value heads × 128); prefill also for Qwen3.5 0.8B's layer (d 1024, 16 / 16 heads ×
+// 128). FLOPs and bytes are counted per call, reported against peak.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -22,10 +23,14 @@ hymix::gated_deltanet_config layer_config(int which) {
         c.d_model = 256;
         c.n_k_heads = c.n_v_heads = 4;
         c.d_k = c.d_v = 64;
-    } else {  // 130M-class layer
+    } else if (which == 1) {  // 130M-class layer
         c.d_model = 768;
         c.n_k_heads = 6;
         c.n_v_heads = 12;
+        c.d_k = c.d_v = 128;
+    } else {  // Qwen3.5 0.8B's layer (bench/configs/qwen3.5-0.8b.json)
+        c.d_model = 1024;
+        c.n_k_heads = c.n_v_heads = 16;
         c.d_k = c.d_v = 128;
     }
     return c;
@@ -46,7 +51,7 @@ double state_bytes(const hymix::gated_deltanet_config& c) {
     return 4.0 * static_cast<double>(c.n_v_heads * c.d_k * c.d_v + c.conv_dim() * (c.d_conv - 1));
 }
 
-// Args: layer (0 = d 256, 1 = d 768), batch B, tokens per sequence T.
+// Args: layer (0 = d 256, 1 = d 768, 2 = d 1024), batch B, tokens per sequence T.
 void BM_gdn_prefill(benchmark::State& st) {
     const auto c = layer_config(static_cast<int>(st.range(0)));
     const std::int64_t B = st.range(1), T = st.range(2);
@@ -162,6 +167,7 @@ void BM_gdn_step_core(benchmark::State& st) {
 BENCHMARK(BM_gdn_prefill)
     ->ArgNames({"layer", "B", "T"})
     ->ArgsProduct({{0, 1}, {1, 8}, {512, 2048}})
+    ->Args({2, 1, 512})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_gdn_decode)->ArgNames({"layer", "B"})->ArgsProduct({{0, 1}, {1, 8}})->Unit(benchmark::kMicrosecond)->UseRealTime();

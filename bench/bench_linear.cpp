@@ -91,9 +91,10 @@ struct problem {
     int threads;
     hymix::tensor<float> x, bias, y, scale;  // [M, K], [N], [M, N], [N] (8-bit weights' row scales)
     weight_rotation<T> weights;
-    explicit problem(const benchmark::State& st)
-        : M(st.range(0)), N(st.range(1)), K(st.range(1)), threads(static_cast<int>(st.range(2))), x{M, K}, bias{N},
-          y{M, N}, scale{N}, weights(N, K) {
+    // Args: M, NK, threads (square weights), or with `rect` M, N, K, threads.
+    explicit problem(const benchmark::State& st, bool rect = false)
+        : M(st.range(0)), N(st.range(1)), K(st.range(rect ? 2 : 1)), threads(static_cast<int>(st.range(rect ? 3 : 2))), x{M, K},
+          bias{N}, y{M, N}, scale{N}, weights(N, K) {
         for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = static_cast<float>(i % 17) * 0.01f - 0.08f;
         for (std::int64_t i = 0; i < N; ++i) bias[i] = static_cast<float>(i % 5) * 0.1f;
         scale.fill(1.f / 254.f);
@@ -115,9 +116,9 @@ void set_eigen_threads([[maybe_unused]] int n) {
 #endif
 }
 
-template <class T>
+template <class T, bool Rect = false>
 void BM_linear_hymix(benchmark::State& st) {
-    problem<T> p(st);
+    problem<T> p(st, Rect);
     set_eigen_threads(1);  // hymix threads with the backend; Eigen runs inside its tasks, single-threaded
     const hymix::cpu_backend be(p.threads);
     for (auto _ : st) {
@@ -167,8 +168,19 @@ void shapes(benchmark::internal::Benchmark* b) {
     b->UseRealTime()->Unit(benchmark::kMicrosecond);
 }
 
+/// The prefill projections of the real-size configs in bench/configs (M = 512 tokens, weight [N, K]): Qwen3.5 0.8B's
+/// fused MLP gate|up (7168 × 1024) and down (1024 × 3584), gated-DeltaNet in_proj_qkv (6144 × 1024) and out_proj
+/// (1024 × 2048); Mamba-2 780M's in_proj (6448 × 1536) and out_proj (1536 × 3072).
+void model_shapes(benchmark::internal::Benchmark* b) {
+    b->ArgNames({"M", "N", "K", "threads"});
+    for (const auto& [n, k] : std::vector<std::pair<std::int64_t, std::int64_t>>{{7168, 1024}, {1024, 3584}, {6144, 1024}, {1024, 2048}, {6448, 1536}, {1536, 3072}})
+        for (std::int64_t t : hymix::bench::thread_counts()) b->Args({512, n, k, t});
+    b->UseRealTime()->Unit(benchmark::kMicrosecond);
+}
+
 }  // namespace
 
+BENCHMARK(BM_linear_hymix<float, true>)->Name("BM_linear_hymix_model_shapes")->Apply(model_shapes);
 BENCHMARK(BM_linear_hymix<float>)->Name("BM_linear_hymix")->Apply(shapes);
 BENCHMARK(BM_linear_hymix<hymix::bf16>)->Name("BM_linear_hymix_bf16")->Apply(shapes);
 BENCHMARK(BM_linear_hymix<hymix::f16>)->Name("BM_linear_hymix_f16")->Apply(shapes);

@@ -7,8 +7,10 @@
 // HYMIX_BENCH_CONFIGS (comma-separated paths; point it at a downloaded checkpoint's config.json). The two shipped
 // files carry the sizes of state-spaces/mamba2-780m (HF layout) and Qwen/Qwen3.5-0.8B's text model, typed in by hand
 // without network access: compare them with the Hub's files before quoting a result as that model's. Threads: HYMIX_BENCH_THREADS (default: every core). Counted work: 2
-// FLOPs per projection weight per token (embedding lookups excluded, a tied head counted once) plus attention's
-// 4·H·d_h per cached token; bytes: every parameter as stored, read once per call (decode is bound by them).
+// FLOPs per weight of the layers and final norm per token, 2 per LM head weight per token whose logits are computed
+// (every token in decode; only the last in prefill, which returns the last position's logits), plus attention's
+// 4·H·d_h per cached token; an untied embedding is a lookup (no FLOPs). Bytes: every parameter as stored, read once
+// per call (decode is bound by them), less an untied embedding (a decode step reads B of its rows).
 // A model is built once per (config, dtype) and kept while its benchmarks run; building 0.8B parameters takes
 // seconds and 3.2 GB (f32).
 #include <benchmark/benchmark.h>
@@ -88,18 +90,27 @@ void with_model(const fs::path& config, hymix::dtype d, F&& f) {
 }
 
 struct model_counts {
-    double params = 0, bytes = 0, attn_layers = 0, attn_width = 0;  // attn_width: H·d_h of an attention layer
+    // body: parameters of the layers and the final norm; head: the LM head's (the embedding when tied);
+    // attn_width: H·d_h of an attention layer
+    double body = 0, head = 0, bytes = 0, attn_layers = 0, attn_width = 0;
 };
 
 template <class Stack>
 model_counts counts(Stack& m) {
     model_counts c;
-    m.for_each_param([&](const std::string&, const auto& t) {
-        c.params += static_cast<double>(t.numel());
+    const bool tied = m.config().tie_embeddings;
+    m.for_each_param([&](const std::string& name, const auto& t) {
+        const double n = static_cast<double>(t.numel());
+        const bool lookup_only = name == "embedding" && !tied;
+        if (name == "lm_head" || (name == "embedding" && tied))
+            c.head += n;
+        else if (!lookup_only)
+            c.body += n;
+        if (lookup_only) return;
         if constexpr (hymix::is_linear_weight_v<decltype(t)>)
             c.bytes += static_cast<double>(t.stored_bytes());
         else
-            c.bytes += 4.0 * static_cast<double>(t.numel());
+            c.bytes += 4.0 * n;
     });
     for (std::int64_t l = 0; l < m.n_layers(); ++l)
         std::visit([&](const auto& blk) {
@@ -141,7 +152,8 @@ void prefill(benchmark::State& st, fs::path config, hymix::dtype d) {
             m.forward_last(be, c, b, toks, logits.view<2>());
             benchmark::DoNotOptimize(logits.data());
         }
-        const double flops = double(T) * 2.0 * mc.params + mc.attn_layers * 4.0 * mc.attn_width * double(T) * double(T) / 2.0;
+        // The head runs for the last position only (forward_last).
+        const double flops = double(T) * 2.0 * mc.body + 2.0 * mc.head + mc.attn_layers * 4.0 * mc.attn_width * double(T) * double(T) / 2.0;
         hymix::bench::report(st, double(T), flops, mc.bytes, be.num_threads());
         st.counters["weight_MB"] = mc.bytes / 1e6;
     });
@@ -165,7 +177,7 @@ void decode(benchmark::State& st, fs::path config, hymix::dtype d, std::int64_t 
             m.forward(be, c, step, toks, last.view<2>());
             benchmark::DoNotOptimize(last.data());
         }
-        const double flops = double(batch) * (2.0 * mc.params + mc.attn_layers * 4.0 * mc.attn_width * double(T));
+        const double flops = double(batch) * (2.0 * (mc.body + mc.head) + mc.attn_layers * 4.0 * mc.attn_width * double(T));
         hymix::bench::report(st, double(batch), flops, mc.bytes, be.num_threads());
         st.counters["weight_MB"] = mc.bytes / 1e6;
     });

@@ -1,7 +1,8 @@
 // Whole-model throughput on the shared checkpoints (../shared/models): prefill and decode tokens/s at batch 1 and 8,
 // and decode cost per token against context length (flat for recurrent stacks, growing linearly with the
-// attention layers' KV cache for the hybrid). FLOPs count 2 per weight per token (projections only) plus, for
-// attention layers, 4·H·d_h per cached token; bytes count the fp32 weights read once per call.
+// attention layers' KV cache for the hybrid). FLOPs count 2 per weight per token (projections only; in prefill
+// the LM head's only for the last position, whose logits forward_last returns) plus, for attention layers, 4·H·d_h
+// per cached token; bytes count the fp32 weights read once per call.
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -67,7 +68,10 @@ void prefill(benchmark::State& st, std::string name, std::int64_t batch) {
         benchmark::DoNotOptimize(logits.data());
     }
     const double tokens = double(batch * T);
-    const double flops = tokens * 2.0 * double(m->info().n_params) + batch * attention_flops_per_token(*m, T / 2.0) * T;
+    // forward_last runs the LM head [V, d] for each sequence's last position only.
+    const double head = double(V) * double(m->info().d_model);
+    const double flops = tokens * 2.0 * double(m->info().n_params) - (tokens - double(batch)) * 2.0 * head +
+                         batch * attention_flops_per_token(*m, T / 2.0) * T;
     hymix::bench::report(st, tokens, flops, 4.0 * double(m->info().n_params), m->backend().num_threads());
 }
 

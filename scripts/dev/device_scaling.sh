@@ -8,6 +8,12 @@
 #   PHASE=peers  bash scripts/dev/device_scaling.sh   transformers (f32) and hymix f32 on the same configs, one run
 #                                                     (Mamba-2's transformers decode after a 16-token prompt too);
 #                                                     hymix decode at batch 1 (f32, i8) over core counts
+#   PHASE=prefill bash scripts/dev/device_scaling.sh  torch's GEMM rate on each model's own prefill projections
+#                                                     (scripts/torch_gemm_rate.py, all cores), then hymix's f32
+#                                                     prefill 512 on 16, 1, 2, 4 and 8 cores
+#   PHASE=layers bash scripts/dev/device_scaling.sh   Qwen3.5 0.8B's prefill by part on 1 and 16 cores: its gated
+#                                                     DeltaNet and attention layers (B 1, T 512) and its projections
+#                                                     (bench_linear's model shapes, M 512)
 # Results (Google Benchmark CSVs, peaks measured in the same run) land in $OUT, with the two binaries.
 set -e
 # shellcheck source=scripts/dev/offline_deps.sh
@@ -55,5 +61,27 @@ peers)
         sizes "$OUT/model_sizes_decode_$c.csv" "$c" 'decode/.*/(f32|i8)/batch:1/' 1
     done
     ;;
-*) echo "device_scaling: PHASE is models or peers" >&2; exit 2 ;;
+prefill)
+    python3 scripts/torch_gemm_rate.py --threads "$cores" bench/configs/qwen3.5-0.8b.json bench/configs/mamba2-780m.json \
+        | tee "$OUT/torch_gemm_rate.csv"
+    for c in 16 1 2 4 8; do
+        [ "$c" -le "$cores" ] || continue
+        sizes "$OUT/model_sizes_prefill_$c.csv" "$c" 'prefill/.*/f32/' 0.5
+    done
+    ;;
+layers)
+    cmake --build build/release -j"$cores" --target bench_linear bench_gated_deltanet bench_attention >/tmp/build_layers.log 2>&1 \
+        || { grep -E 'error' -A5 /tmp/build_layers.log | head -40; exit 1; }
+    for c in 1 16; do
+        [ "$c" -le "$cores" ] || continue
+        HYMIX_BENCH_THREADS=$c taskset -c "0-$(( c - 1 ))" build/release/bench/bench_linear \
+            --benchmark_filter='BM_linear_hymix_model_shapes' --benchmark_out="$OUT/layers_linear_$c.csv" --benchmark_out_format=csv >/dev/null
+        taskset -c "0-$(( c - 1 ))" build/release/bench/bench_gated_deltanet --benchmark_filter='BM_gdn_prefill/layer:2/' \
+            --benchmark_out="$OUT/layers_gdn_$c.csv" --benchmark_out_format=csv >/dev/null
+        taskset -c "0-$(( c - 1 ))" build/release/bench/bench_attention --benchmark_filter='BM_attn_prefill/layer:2/' \
+            --benchmark_out="$OUT/layers_attention_$c.csv" --benchmark_out_format=csv >/dev/null
+        echo "  layers on $c cores done"
+    done
+    ;;
+*) echo "device_scaling: PHASE is models, peers, prefill or layers" >&2; exit 2 ;;
 esac

@@ -169,11 +169,11 @@ void shapes(benchmark::internal::Benchmark* b) {
 }
 
 /// The prefill projections of the real-size configs in bench/configs (M = 512 tokens, weight [N, K]): Qwen3.5 0.8B's
-/// fused MLP gate|up (7168 × 1024) and down (1024 × 3584), gated-DeltaNet in_proj_qkv (6144 × 1024) and out_proj
-/// (1024 × 2048); Mamba-2 780M's in_proj (6448 × 1536) and out_proj (1536 × 3072).
+/// fused MLP gate|up (7168 × 1024) and down (1024 × 3584), gated-DeltaNet in_proj_qkv (6144 × 1024), in_proj_z
+/// (2048 × 1024) and out_proj (1024 × 2048); Mamba-2 780M's in_proj (6448 × 1536) and out_proj (1536 × 3072).
 void model_shapes(benchmark::internal::Benchmark* b) {
     b->ArgNames({"M", "N", "K", "threads"});
-    for (const auto& [n, k] : std::vector<std::pair<std::int64_t, std::int64_t>>{{7168, 1024}, {1024, 3584}, {6144, 1024}, {1024, 2048}, {6448, 1536}, {1536, 3072}})
+    for (const auto& [n, k] : std::vector<std::pair<std::int64_t, std::int64_t>>{{7168, 1024}, {1024, 3584}, {6144, 1024}, {2048, 1024}, {1024, 2048}, {6448, 1536}, {1536, 3072}})
         for (std::int64_t t : hymix::bench::thread_counts()) b->Args({512, n, k, t});
     b->UseRealTime()->Unit(benchmark::kMicrosecond);
 }

@@ -12,14 +12,17 @@
 #                                                     (scripts/torch_gemm_rate.py, all cores), then hymix's f32
 #                                                     prefill 512 on 16, 1, 2, 4 and 8 cores
 #   PHASE=layers bash scripts/dev/device_scaling.sh   Qwen3.5 0.8B's prefill by part on 1 and 16 cores: its gated
-#                                                     DeltaNet and attention layers (B 1, T 512) and its projections
-#                                                     (bench_linear's model shapes, M 512)
+#                                                     DeltaNet and attention layers (B 1, T 512), the chunked delta
+#                                                     rule alone (16 heads × 128) and its projections (bench_linear's
+#                                                     model shapes, M 512)
 # Results (Google Benchmark CSVs, peaks measured in the same run) land in $OUT, with the two binaries.
 set -e
 # shellcheck source=scripts/dev/offline_deps.sh
 source "$(dirname "$0")/offline_deps.sh"
 bin=.benchbin
-if ! "$bin/bench_oryx" --benchmark_list_tests >/dev/null 2>&1 || ! "$bin/bench_model_sizes" --benchmark_list_tests >/dev/null 2>&1; then
+if [ "${PHASE:-models}" = layers ]; then  # builds its own three benchmarks below
+    cmake --preset release -DHYMIX_BUILD_TESTS=OFF >/tmp/cfg.log 2>&1 || { tail -20 /tmp/cfg.log; exit 1; }
+elif ! "$bin/bench_oryx" --benchmark_list_tests >/dev/null 2>&1 || ! "$bin/bench_model_sizes" --benchmark_list_tests >/dev/null 2>&1; then
     t0=$(date +%s)
     cmake --preset release -DHYMIX_BUILD_TESTS=OFF >/tmp/cfg.log 2>&1 || { tail -20 /tmp/cfg.log; exit 1; }
     cmake --build build/release -j"$(nproc)" --target bench_model_sizes bench_oryx >/tmp/build.log 2>&1 \
@@ -72,11 +75,12 @@ prefill)
 layers)
     cmake --build build/release -j"$cores" --target bench_linear bench_gated_deltanet bench_attention >/tmp/build_layers.log 2>&1 \
         || { grep -E 'error' -A5 /tmp/build_layers.log | head -40; exit 1; }
-    for c in 1 16; do
+    for c in 16 1; do
         [ "$c" -le "$cores" ] || continue
         HYMIX_BENCH_THREADS=$c taskset -c "0-$(( c - 1 ))" build/release/bench/bench_linear \
             --benchmark_filter='BM_linear_hymix_model_shapes' --benchmark_out="$OUT/layers_linear_$c.csv" --benchmark_out_format=csv >/dev/null
-        taskset -c "0-$(( c - 1 ))" build/release/bench/bench_gated_deltanet --benchmark_filter='BM_gdn_prefill/layer:2/' \
+        HYMIX_BENCH_THREADS=$c taskset -c "0-$(( c - 1 ))" build/release/bench/bench_gated_deltanet \
+            --benchmark_filter='BM_gdn_prefill/layer:2/|BM_gdn_chunked_core/T:512/chunk:64/heads:16' \
             --benchmark_out="$OUT/layers_gdn_$c.csv" --benchmark_out_format=csv >/dev/null
         taskset -c "0-$(( c - 1 ))" build/release/bench/bench_attention --benchmark_filter='BM_attn_prefill/layer:2/' \
             --benchmark_out="$OUT/layers_attention_$c.csv" --benchmark_out_format=csv >/dev/null

@@ -70,7 +70,9 @@ void BM_gdn_prefill(benchmark::State& st) {
     }
     // Core FLOPs per token and value head of the chunked form (full chunks of C): the three C×d_k×d_v products
     // ((K⊙e^γ)S, (Q⊙e^γ)S, state update) plus KKᵀ, QKᵀ, the triangular solve and the intra-chunk P·V_new.
-    const double C = static_cast<double>(c.chunk_size), dk = static_cast<double>(c.d_k), dv = static_cast<double>(c.d_v);
+    // C: the layer's chunk_size, or the backend's choice where that is 0 (as the layer runs it).
+    const double C = static_cast<double>(c.chunk_size > 0 ? c.chunk_size : hymix::ops::gated_delta_chunk_length(be, c.d_k, c.d_v));
+    const double dk = static_cast<double>(c.d_k), dv = static_cast<double>(c.d_v);
     const double core = static_cast<double>(c.n_v_heads) * (6.0 * dk * dv + C * (4.0 * dk + 3.0 * dv));
     const double tokens = static_cast<double>(B * T);
     const double bytes = weight_bytes(c) + 2.0 * 4.0 * tokens * static_cast<double>(c.d_model) + 2.0 * static_cast<double>(B) * state_bytes(c);
@@ -136,6 +138,7 @@ void BM_gdn_chunked_core(benchmark::State& st) {
     const double C = static_cast<double>(c.chunk_size), dkd = static_cast<double>(dk), dvd = static_cast<double>(dv);
     const double f = static_cast<double>(T * Hv) * (6.0 * dkd * dvd + C * (4.0 * dkd + 3.0 * dvd));
     hymix::bench::report(st, static_cast<double>(T), f, 4.0 * static_cast<double>(q.size() + k.size() + 2 * v.size()), be.num_threads());
+    st.counters["threads"] = be.num_threads();  // not in the name: 2 unless HYMIX_BENCH_THREADS says otherwise
 }
 
 /// The gated delta rule decode step alone (same heads, or `heads` of them), B sequences of one token, on `threads`

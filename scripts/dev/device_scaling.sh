@@ -15,8 +15,10 @@
 #                                                     DeltaNet and attention layers (B 1, T 512), the chunked delta
 #                                                     rule alone (16 heads × 128) and its projections (bench_linear's
 #                                                     model shapes, M 512)
-# Results (Google Benchmark CSVs, peaks measured in the same run) land in $OUT, with the two binaries.
-set -e
+# Results (Google Benchmark CSVs, peaks measured in the same run) land in $OUT, with the two binaries where this call
+# built them (models, peers and prefill phases).
+set -eo pipefail
+: "${OUT:?device_scaling: set OUT to the folder for the results}"
 # shellcheck source=scripts/dev/offline_deps.sh
 source "$(dirname "$0")/offline_deps.sh"
 bin=.benchbin
@@ -37,7 +39,7 @@ cores=$(nproc)
 sizes() {  # sizes OUT_CSV CORES FILTER MIN_TIME
     HYMIX_BENCH_THREADS=$2 taskset -c "0-$(( $2 - 1 ))" "$bin/bench_model_sizes" --benchmark_filter="$3" \
         --benchmark_min_time="$4" --benchmark_out="$1" --benchmark_out_format=csv >/dev/null
-    grep -E '^"?(prefill|decode)' "$1" | cut -d, -f1,3 | sed "s/^/  $2 cores: /"
+    grep -E '^"?(prefill|decode)' "$1" | cut -d, -f1,3 | sed "s/^/  $2 cores: /" || true
 }
 case "${PHASE:-models}" in
 models)

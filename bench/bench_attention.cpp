@@ -17,27 +17,21 @@ namespace {
 
 hymix::attention_config layer_config(int which) {
     hymix::attention_config c;
-    if (which == 0) {  // shared checkpoints' layer (Qwen3.5 hybrid)
-        c.d_model = 256;
-        c.n_heads = 4;
-        c.n_kv_heads = 2;
-        c.head_dim = 64;
-        c.output_gate = true;
-        c.qk_norm.mode = hymix::qk_norm_mode::zero_centered;
-        c.rope = {hymix::rope_mode::rotate_half, 1e7, 0.25};
-    } else if (which == 1) {  // 130M-class layer
+    if (which == 1) {  // 130M-class layer
         c.d_model = 768;
         c.n_heads = c.n_kv_heads = 12;
         c.head_dim = 64;
-    } else {  // Qwen3.5 0.8B's layer (bench/configs/qwen3.5-0.8b.json)
-        c.d_model = 1024;
-        c.n_heads = 8;
-        c.n_kv_heads = 2;
-        c.head_dim = 256;
-        c.output_gate = true;
-        c.qk_norm.mode = hymix::qk_norm_mode::zero_centered;
-        c.rope = {hymix::rope_mode::rotate_half, 1e7, 0.25};
+        return c;
     }
+    // Qwen3.5's attention layer: the shared checkpoints' (layer 0) or Qwen3.5 0.8B's (layer 2,
+    // bench/configs/qwen3.5-0.8b.json), with output gate, zero-centred qk-norm and RoPE on a quarter of the channels.
+    c.d_model = which == 0 ? 256 : 1024;
+    c.n_heads = which == 0 ? 4 : 8;
+    c.n_kv_heads = 2;
+    c.head_dim = which == 0 ? 64 : 256;
+    c.output_gate = true;
+    c.qk_norm.mode = hymix::qk_norm_mode::zero_centered;
+    c.rope = {hymix::rope_mode::rotate_half, 1e7, 0.25};
     return c;
 }
 

@@ -111,8 +111,7 @@ void BM_gdn_chunked_core(benchmark::State& st) {
     c.chunk_size = st.range(1);
     if (st.range(2) > 0) c.n_k_heads = c.n_v_heads = st.range(2);  // llama.cpp's case: 16 heads of 128
     const std::int64_t T = st.range(0), Hk = c.n_k_heads, Hv = c.n_v_heads, dk = c.d_k, dv = c.d_v;
-    const auto counts = hymix::bench::thread_counts({2});  // the first of HYMIX_BENCH_THREADS, else 2 threads
-    hymix::cpu_backend be(static_cast<int>(counts.empty() ? 2 : counts.front()));
+    hymix::cpu_backend be(hymix::bench::first_thread_count(2));
     auto q = hymix::bench::random_vec(static_cast<std::size_t>(T * Hk * dk), 6), k = hymix::bench::random_vec(q.size(), 7);
     for (auto* x : {&q, &k})  // L2-normalised rows, as the layer feeds them
         for (std::size_t r = 0; r < x->size(); r += static_cast<std::size_t>(dk)) {

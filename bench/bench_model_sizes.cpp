@@ -131,10 +131,7 @@ std::vector<std::int32_t> random_tokens(std::size_t n, std::int64_t V, std::uint
     return v;
 }
 
-int threads() {
-    const auto t = hymix::bench::thread_counts({0});
-    return static_cast<int>(t.empty() ? 0 : t.front());
-}
+int threads() { return hymix::bench::first_thread_count(0); }
 
 constexpr std::int64_t T = 512;
 

@@ -186,6 +186,9 @@ inline std::vector<std::int64_t> thread_counts(std::vector<std::int64_t> fallbac
     return out.empty() ? fallback : out;
 }
 
+/// One thread count: the first of HYMIX_BENCH_THREADS, else `fallback` (0: every core, as cpu_backend takes it).
+inline int first_thread_count(int fallback) { return static_cast<int>(thread_counts({fallback}).front()); }
+
 /// n values uniform in [-1, 1) from a fixed seed: benchmark inputs.
 inline std::vector<float> random_vec(std::size_t n, std::uint64_t seed) {
     std::mt19937_64 g(seed);

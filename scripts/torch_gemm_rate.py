@@ -17,21 +17,16 @@ import argparse
 import collections
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_cpu_bench import build  # noqa: E402
+from hf_cpu_bench import best_of, build  # noqa: E402
 
 
 def best_time(repeats, fn):
+    """hf_cpu_bench's best_of after two warm-up calls."""
     fn()
     fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    return best_of(repeats, fn)
 
 
 def main():

@@ -22,11 +22,12 @@ set -eo pipefail
 # shellcheck source=scripts/dev/offline_deps.sh
 source "$(dirname "$0")/offline_deps.sh"
 bin=.benchbin
+configure() { cmake --preset release -DHYMIX_BUILD_TESTS=OFF >/tmp/cfg.log 2>&1 || { tail -20 /tmp/cfg.log; exit 1; }; }
 if [ "${PHASE:-models}" = layers ]; then  # builds its own three benchmarks below
-    cmake --preset release -DHYMIX_BUILD_TESTS=OFF >/tmp/cfg.log 2>&1 || { tail -20 /tmp/cfg.log; exit 1; }
+    configure
 elif ! "$bin/bench_oryx" --benchmark_list_tests >/dev/null 2>&1 || ! "$bin/bench_model_sizes" --benchmark_list_tests >/dev/null 2>&1; then
     t0=$(date +%s)
-    cmake --preset release -DHYMIX_BUILD_TESTS=OFF >/tmp/cfg.log 2>&1 || { tail -20 /tmp/cfg.log; exit 1; }
+    configure
     cmake --build build/release -j"$(nproc)" --target bench_model_sizes bench_oryx >/tmp/build.log 2>&1 \
         || { grep -E 'error' -A5 /tmp/build.log | head -40; exit 1; }
     echo "device_scaling: built in $(( $(date +%s) - t0 )) s"

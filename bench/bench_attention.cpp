@@ -1,11 +1,13 @@
 // Causal attention layer throughput (spec.md §2): tiled prefill (projections, qk-norm, RoPE, flash-style attention,
 // gate, o_proj) and decode steps over a long KV cache, for the shared checkpoints' layer (d 256, 4/2 heads × 64,
 // output gate, zero-centred qk-norm, partial RoPE 0.25) and a 130M-class layer (d 768, 12 heads × 64, MHA, no gate);
-// prefill also for Qwen3.5 0.8B's layer (d 1024, 8 / 2 heads × 256, output gate).
+// prefill also for Qwen3.5 0.8B's layer (d 1024, 8 / 2 heads × 256, output gate). Decode with the KV cache in f32 and
+// in bf16 (half the bytes per step).
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <random>
 #include <vector>
 
@@ -69,10 +71,12 @@ void BM_attn_prefill(benchmark::State& st) {
     hymix::bench::report(st, tokens, tokens * proj_flops(c) + attn, bytes, be.num_threads());
 }
 
-// Args: layer, batch B, context (cached tokens per sequence). One decode step for B sequences.
+// Args: layer, batch B, context (cached tokens per sequence), KV cache element bytes (4: f32, 2: bf16). One decode
+// step for B sequences.
 void BM_attn_decode(benchmark::State& st) {
-    const auto c = layer_config(static_cast<int>(st.range(0)));
+    auto c = layer_config(static_cast<int>(st.range(0)));
     const std::int64_t B = st.range(1), ctx = st.range(2);
+    c.kv_dtype = st.range(3) == 2 ? hymix::dtype::bf16 : hymix::dtype::f32;
     hymix::cpu_backend be;
     const hymix::attention m(c, hymix::attention_weights::random(c, 1));
     auto state = m.make_state(B);
@@ -94,42 +98,55 @@ void BM_attn_decode(benchmark::State& st) {
         st.ResumeTiming();
     }
     const double Bd = static_cast<double>(B), keys = static_cast<double>(ctx + 1);
-    const double kv_bytes = Bd * 2.0 * 4.0 * keys * static_cast<double>(c.kv_rows());
+    const double kv_bytes = Bd * 2.0 * static_cast<double>(hymix::dtype_size(c.kv_dtype)) * keys * static_cast<double>(c.kv_rows());
     const double attn = Bd * 4.0 * static_cast<double>(c.n_heads * c.head_dim) * keys;
     st.counters["kv_GB/s"] = benchmark::Counter(kv_bytes * static_cast<double>(st.iterations()) * 1e-9, benchmark::Counter::kIsRate);
     hymix::bench::report(st, Bd, Bd * proj_flops(c) + attn, weight_bytes(c) + kv_bytes, be.num_threads());
 }
 
-// Args: query heads H, KV heads H_kv, head_dim, context, batch B. The decode kernel alone (kernels::attention_decode,
-// no projections) over B caches of `context` fp32 keys and values: the shape of llama.cpp's test-backend-ops
-// flash-attention decode case (hd 128, 32 / 8 heads, kv 32768), which reads 268 MB of KV per step. The bandwidth
-// fraction is against the read bandwidth measured at that working-set size (DRAM).
-void BM_attn_decode_kernel(benchmark::State& st) {
-    const std::int64_t H = st.range(0), Hkv = st.range(1), dh = st.range(2), ctx = st.range(3), B = st.range(4);
+// The decode kernel alone over B caches of `ctx` keys and values stored as KV (float or bf16).
+template <class KV>
+void attn_decode_kernel(benchmark::State& st, std::int64_t H, std::int64_t Hkv, std::int64_t dh, std::int64_t ctx, std::int64_t B) {
     hymix::cpu_backend be;
     const auto q = hymix::bench::random_vec(static_cast<std::size_t>(B * H * dh), 3);
-    hymix::tensor<float> kv({2 * B, Hkv, ctx, dh});  // 64-byte aligned, as the KV cache is
+    hymix::tensor<KV> kv({2 * B, Hkv, ctx, dh});  // 64-byte aligned, as the KV cache is
     std::uint32_t r = 999;
     for (auto& v : kv.span()) {
         r = r * 1664525u + 1013904223u;
-        v = static_cast<float>(r >> 8) * (1.f / 16777216.f) - 0.5f;
+        const float x = static_cast<float>(r >> 8) * (1.f / 16777216.f) - 0.5f;
+        if constexpr (std::is_same_v<KV, float>)
+            v = x;
+        else
+            v = KV::from_float(x);
     }
     std::vector<float> o(static_cast<std::size_t>(B * H * dh));
-    std::vector<hymix::kernels::attention_problem<float>> probs(static_cast<std::size_t>(B));
+    std::vector<hymix::kernels::attention_problem<float, KV>> probs(static_cast<std::size_t>(B));
     for (std::int64_t b = 0; b < B; ++b) {
         auto& p = probs[static_cast<std::size_t>(b)];
         p.q = hymix::tensor_view<const float, 3>(q.data() + b * H * dh, {1, H, dh});
         // The KV cache's layout: [H_kv, capacity, d_h] per sequence (mixer/kv_cache.hpp), viewed as [ctx, H_kv, d_h].
-        p.k = hymix::tensor_view<const float, 3>(kv.data() + 2 * b * ctx * Hkv * dh, {ctx, Hkv, dh}, {dh, ctx * dh, 1});
-        p.v = hymix::tensor_view<const float, 3>(kv.data() + (2 * b + 1) * ctx * Hkv * dh, {ctx, Hkv, dh}, {dh, ctx * dh, 1});
+        p.k = hymix::tensor_view<const KV, 3>(kv.data() + 2 * b * ctx * Hkv * dh, {ctx, Hkv, dh}, {dh, ctx * dh, 1});
+        p.v = hymix::tensor_view<const KV, 3>(kv.data() + (2 * b + 1) * ctx * Hkv * dh, {ctx, Hkv, dh}, {dh, ctx * dh, 1});
         p.o = hymix::tensor_view<float, 3>(o.data() + b * H * dh, {1, H, dh});
     }
     for (auto _ : st) {
-        hymix::kernels::attention_decode(be, std::span<const hymix::kernels::attention_problem<float>>(probs), {});
+        hymix::kernels::attention_decode(be, std::span<const hymix::kernels::attention_problem<float, KV>>(probs), {});
         benchmark::DoNotOptimize(o.data());
     }
-    const double Bd = static_cast<double>(B), kv_bytes = Bd * 2.0 * 4.0 * static_cast<double>(ctx * Hkv * dh);
+    const double Bd = static_cast<double>(B);
+    const double kv_bytes = Bd * 2.0 * static_cast<double>(sizeof(KV)) * static_cast<double>(ctx * Hkv * dh);
     hymix::bench::report(st, Bd, Bd * 4.0 * static_cast<double>(H * dh * ctx), kv_bytes, be.num_threads());
+}
+
+// Args: query heads H, KV heads H_kv, head_dim, context, batch B, KV element bytes (4: f32, 2: bf16). The decode
+// kernel alone (kernels::attention_decode, no projections): the shape of llama.cpp's test-backend-ops flash-attention
+// decode case (hd 128, 32 / 8 heads, kv 32768), which reads 268 MB of f32 KV per step (134 MB in bf16). The
+// bandwidth fraction is against the read bandwidth measured at that working-set size (DRAM).
+void BM_attn_decode_kernel(benchmark::State& st) {
+    if (st.range(5) == 2)
+        attn_decode_kernel<hymix::bf16>(st, st.range(0), st.range(1), st.range(2), st.range(3), st.range(4));
+    else
+        attn_decode_kernel<float>(st, st.range(0), st.range(1), st.range(2), st.range(3), st.range(4));
 }
 
 // Args: query heads H, KV heads H_kv, head_dim, queries Tq, keys Tk. The tiled prefill kernel alone
@@ -168,8 +185,10 @@ BENCHMARK(BM_attn_prefill_kernel)
     ->Args({32, 8, 128, 512, 8192})
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_attn_decode_kernel)
-    ->ArgNames({"H", "H_kv", "d_h", "ctx", "B"})
-    ->Args({32, 8, 128, 32768, 1})->Args({32, 8, 128, 4096, 1})->Args({32, 8, 128, 1024, 1})->Args({12, 12, 64, 32768, 1})->Args({8, 2, 256, 32768, 1})
+    ->ArgNames({"H", "H_kv", "d_h", "ctx", "B", "kv_bytes"})
+    ->Args({32, 8, 128, 32768, 1, 4})->Args({32, 8, 128, 4096, 1, 4})->Args({32, 8, 128, 1024, 1, 4})->Args({12, 12, 64, 32768, 1, 4})
+    ->Args({8, 2, 256, 32768, 1, 4})
+    ->Args({32, 8, 128, 32768, 1, 2})->Args({32, 8, 128, 4096, 1, 2})->Args({12, 12, 64, 32768, 1, 2})->Args({8, 2, 256, 32768, 1, 2})
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_attn_prefill)
     ->ArgNames({"layer", "B", "T"})
@@ -177,8 +196,9 @@ BENCHMARK(BM_attn_prefill)
     ->Args({1, 1, 512})->Args({1, 1, 2048})->Args({1, 8, 512})->Args({1, 8, 2048})->Args({2, 1, 512})
     ->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_attn_decode)
-    ->ArgNames({"layer", "B", "ctx"})
-    ->Args({0, 1, 4096})->Args({0, 8, 4096})
-    ->Args({1, 1, 1024})->Args({1, 1, 4096})->Args({1, 1, 16384})->Args({1, 1, 32768})->Args({1, 1, 65536})
-    ->Args({1, 8, 4096})
+    ->ArgNames({"layer", "B", "ctx", "kv_bytes"})
+    ->Args({0, 1, 4096, 4})->Args({0, 8, 4096, 4})
+    ->Args({1, 1, 1024, 4})->Args({1, 1, 4096, 4})->Args({1, 1, 16384, 4})->Args({1, 1, 32768, 4})->Args({1, 1, 65536, 4})
+    ->Args({1, 8, 4096, 4})
+    ->Args({1, 1, 4096, 2})->Args({1, 1, 32768, 2})->Args({1, 1, 65536, 2})->Args({1, 8, 4096, 2})
     ->Unit(benchmark::kMicrosecond)->UseRealTime();

@@ -305,6 +305,12 @@ struct command_line {
                           "8-bit integers with one scale per row; bits/byte cost on the shared checkpoints in docs/quantization.md)")
                 ->check(CLI::IsMember({"f32", "bf16", "f16", "i8"}))
                 ->capture_default_str();
+        if (inference)
+            c->add_option("--kv-cache", common.kv_cache,
+                          "storage of the attention layers' KV cache: f32, or bf16 / f16 (half the bytes a long-context decode step "
+                          "reads; keys and values rounded once when cached, all arithmetic fp32)")
+                ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+                ->capture_default_str();
         c->add_option("--amor", common.amor,
                       "AMOR file (entropy-gated attention blocks trained on the --model backbone; spec.md §5) to run on top of it");
         if (inference)

@@ -45,12 +45,13 @@ basic_loaded_model<Model> load_on(const common_options& o) {
     }
     if (!o.router.empty()) m.model.use_entropy_routers(o.router);
     if (o.weights != "f32") m.model.store_weights_as(hymix::parse_weight_dtype(o.weights));
+    if (o.kv_cache != "f32") m.model.set_kv_dtype(hymix::parse_weight_dtype(o.kv_cache));
     const double load_s = seconds_since(t0);
     const auto& i = m.model.info();
     const auto& be = m.model.backend();
-    console::note("load: {} ({}, {} parameters, {} layers {}; {} projection weights, {:.1f} MB) in {:.2f} s", dir.string(),
+    console::note("load: {} ({}, {} parameters, {} layers {}; {} projection weights, {:.1f} MB{}) in {:.2f} s", dir.string(),
                   i.architecture, i.n_params, i.n_layers, i.schedule, o.weights, static_cast<double>(m.model.weight_bytes()) / 1e6,
-                  load_s);
+                  o.kv_cache == "f32" ? std::string() : fmt::format("; {} KV cache", o.kv_cache), load_s);
     if (!o.modes.empty()) console::note("modes: {} (per-token read-out schedule)", o.modes);
     if (!o.router.empty()) console::note("gates: fitted entropy routers from {} (spec.md §5.6)", o.router);
     console::note("system: backend {} | {} of {} threads | SIMD {} ({} fp32 lanes) | oneTBB {} | hymix {}", be.name, be.num_threads(),

@@ -96,6 +96,7 @@ struct common_options {
     std::string router;            // a router file for the --amor blocks (models/amor_router.hpp); empty = exact gates
     std::string modes;             // Oryx: a mode schedule (schedule/mode_schedule.hpp parse_mode_schedule); empty = default
     std::string weights = "f32";   // projection weights' storage after loading: f32 | bf16 | f16 | i8 (model::store_weights_as)
+    std::string kv_cache = "f32";  // KV cache storage of the attention-like layers: f32 | bf16 | f16 (model::set_kv_dtype)
 };
 
 struct generate_options {

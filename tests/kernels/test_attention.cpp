@@ -1,6 +1,6 @@
 // Attention kernels (spec.md §2, invariants 21, 22): tiled prefill and split-K decode vs the fp64 reference with a
 // materialised mask — odd sizes, n_past (bottom-right alignment), GQA/MQA, sliding windows, fully masked rows and
-// tiles, finite LSE, causality, batch independence, bad arguments.
+// tiles, finite LSE, causality, batch independence, bad arguments; keys and values stored in bf16 / f16.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "hymix/backend/cpu.hpp"
+#include "hymix/core/convert.hpp"
 #include "hymix/kernels/attention.hpp"
 #include "support/random.hpp"
 
@@ -566,5 +567,89 @@ TEST_CASE("attention: general token and head strides of q, k, v, o and lse give 
                 CHECK(p.lse(t, h) == c.lse[static_cast<std::size_t>(t * H + h)]);
                 for (std::int64_t ch = 0; ch < dh; ++ch) CHECK(p.o(t, h, ch) == c.o[static_cast<std::size_t>((t * H + h) * dh + ch)]);
             }
+    }
+}
+
+namespace {
+
+/// Runs one problem with keys and values stored as KV (bf16 or f16) on `be`: c.k and c.v are first rounded to KV
+/// (so c holds the widened values the kernel reads). Returns the 16-bit run's o and lse in c.
+template <class KV, class Backend>
+void run_16bit(const Backend& be, case_data& c, const attention_params& prm) {
+    std::vector<KV> k16(c.k.size()), v16(c.v.size());
+    convert(c.k.data(), k16.data(), k16.size());
+    convert(c.v.data(), v16.data(), v16.size());
+    convert(k16.data(), c.k.data(), k16.size());
+    convert(v16.data(), c.v.data(), v16.size());
+    const auto f = c.problem();
+    const attention_problem<float, KV> p{f.q, tensor_view<const KV, 3>(k16.data(), {c.Tk, c.Hkv, c.dh}),
+                                         tensor_view<const KV, 3>(v16.data(), {c.Tk, c.Hkv, c.dh}), f.o, f.lse};
+    if (c.Tq == 1)
+        kernels::attention_decode(be, std::span<const attention_problem<float, KV>>(&p, 1), prm);
+    else
+        kernels::attention_prefill(be, std::span<const attention_problem<float, KV>>(&p, 1), prm);
+}
+
+/// A 16-bit KV problem against the fp64 reference on the widened values, and against the f32 kernel on them (within
+/// fp32 rounding: the 16-bit kernels widen exactly as they load and keep the f32 kernels' order of operations; the
+/// compiler may still contract or vectorise a tail loop differently, a few ulp).
+template <class KV, class Backend>
+void check_16bit(const Backend& be, std::int64_t Tq, std::int64_t Tk, std::int64_t H, std::int64_t Hkv, std::int64_t dh,
+                 std::int64_t window, std::uint64_t seed) {
+    CAPTURE(Tq);
+    CAPTURE(Tk);
+    CAPTURE(dh);
+    CAPTURE(window);
+    case_data c(Tq, Tk, H, Hkv, dh, seed);
+    const attention_params prm{0.0, window};
+    run_16bit<KV>(be, c, prm);
+    c.run_ref(prm);
+    CHECK(test::rel_error(c.o, c.od) < 2e-6);
+    CHECK(c.lse_error() < 1e-6);
+    case_data f = c;  // k, v: the widened 16-bit values
+    std::fill(f.o.begin(), f.o.end(), 5.f);
+    const auto p = f.problem();
+    if (Tq == 1)
+        kernels::attention_decode(be, std::span<const attention_problem<float>>(&p, 1), prm);
+    else
+        kernels::attention_prefill(be, std::span<const attention_problem<float>>(&p, 1), prm);
+    CHECK(test::rel_error(f.o, c.o) < 5e-7);
+    CHECK((Tk == 0 ? f.lse == c.lse : test::rel_error(f.lse, c.lse) < 5e-7));  // Tk 0: LSE −∞ in both
+}
+
+template <class KV, class Backend>
+void check_16bit_shapes(const Backend& be) {
+    // Prefill: query tiles, GQA, n_past, windows, d_h off the SIMD width; decode: the register tiles (d_h 128 with 4
+    // heads per KV head, 6 heads), splits over 1024-key blocks, a window, and the plain path (d_h 17).
+    check_16bit<KV>(be, 77, 77, 4, 2, 24, 0, 1);
+    check_16bit<KV>(be, 37, 300, 2, 1, 20, 0, 2);
+    check_16bit<KV>(be, 150, 150, 2, 2, 12, 50, 3);
+    check_16bit<KV>(be, 65, 65, 1, 1, 5, 1, 4);
+    check_16bit<KV>(be, 1, 4100, 8, 2, 128, 0, 5);
+    check_16bit<KV>(be, 1, 2051, 12, 2, 80, 0, 6);
+    check_16bit<KV>(be, 1, 3000, 3, 1, 17, 700, 7);
+    check_16bit<KV>(be, 1, 37, 4, 1, 32, 0, 8);
+    check_16bit<KV>(be, 1, 0, 2, 1, 8, 0, 9);
+}
+
+}  // namespace
+
+TEST_CASE("attention: keys and values stored in bf16 / f16 give the reference on their widened values, and the f32 "
+          "kernels' result on them (prefill and decode, every SIMD width)") {
+    for (int threads : {1, 2}) {
+        CAPTURE(threads);
+        const cpu_backend be(threads);
+        check_16bit_shapes<bf16>(be);
+        check_16bit_shapes<f16>(be);
+    }
+    if constexpr (xsimd::avx2::supported()) {
+        const basic_cpu_backend<xsimd::avx2> be(2);
+        check_16bit_shapes<bf16>(be);
+        check_16bit_shapes<f16>(be);
+    }
+    if constexpr (xsimd::sse2::supported()) {
+        const basic_cpu_backend<xsimd::sse2> sse(2);
+        check_16bit_shapes<bf16>(sse);
+        check_16bit_shapes<f16>(sse);
     }
 }

@@ -427,3 +427,85 @@ TEST_CASE("attention mixer: bad arguments throw") {
 // with partial RoPE and zero-centred qk-norm, and MQA without RoPE.
 HYMIX_MIXER_HARNESS("attention (gated GQA)", attention(cfg_gated(), attention_weights::random(cfg_gated(), 13)))
 HYMIX_MIXER_HARNESS("attention (MQA, NoPE)", attention(cfg_nope(), attention_weights::random(cfg_nope(), 14)))
+
+// A 16-bit KV cache (attention_config::kv_dtype): keys and values are rounded once, when cached, so every invariant
+// between runs of the layer keeps the f32 tolerance (splits, decode = prefill, packing, slot reuse, causality), while
+// the layer moves from the fp64 reference (which caches exact values) by the rounding: bf16 keeps 8 significant bits,
+// f16 11. Gated GQA (the Qwen3.5 shape) and a sliding window, which evicts from the 16-bit cache.
+namespace {
+attention with_kv(attention_config c, dtype t, std::uint64_t seed) {
+    c.kv_dtype = t;
+    return attention(c, attention_weights::random(c, seed));
+}
+constexpr test::harness_tolerance bf16_kv_cpu{2e-2, 1e-5}, bf16_kv_ref{2e-2, 1e-6};
+constexpr test::harness_tolerance f16_kv_cpu{3e-3, 1e-5}, f16_kv_ref{3e-3, 1e-6};
+}  // namespace
+
+TEST_CASE("attention, bf16 KV cache: spec invariants on the CPU backend") {
+    test::run_mixer_harness(with_kv(cfg_gated(), dtype::bf16, 13), cpu_backend(2), bf16_kv_cpu);
+}
+TEST_CASE("attention, bf16 KV cache: spec invariants on the CPU backend, one thread") {
+    test::run_mixer_harness(with_kv(cfg_window(), dtype::bf16, 15), cpu_backend(1), bf16_kv_cpu);
+}
+TEST_CASE("attention, bf16 KV cache: spec invariants on the reference backend") {
+    test::run_mixer_harness(with_kv(cfg_gated(), dtype::bf16, 13), reference_backend(), bf16_kv_ref);
+}
+TEST_CASE("attention, f16 KV cache: spec invariants on the CPU backend") {
+    test::run_mixer_harness(with_kv(cfg_window(), dtype::f16, 16), cpu_backend(2), f16_kv_cpu);
+}
+TEST_CASE("attention, f16 KV cache: spec invariants on the reference backend") {
+    test::run_mixer_harness(with_kv(cfg_nope(), dtype::f16, 14), reference_backend(), f16_kv_ref);
+}
+
+TEST_CASE("attention, 16-bit KV cache: the cache holds the f32 cache's keys and values rounded to nearest even; "
+          "the output stays within the rounding of the f32 cache's") {
+    const cpu_backend be(2);
+    for (dtype t : {dtype::bf16, dtype::f16}) {
+        CAPTURE(static_cast<int>(t));
+        const auto c = cfg_gated();
+        const attention m32(c, attention_weights::random(c, 21)), m16 = with_kv(c, t, 21);
+        const std::int64_t T = 90, d = c.d_model;
+        const auto x = test::uniform(static_cast<std::size_t>(T * d), -1.f, 1.f, 22);
+        auto s32 = m32.make_state(1), s16 = m16.make_state(1);
+        CHECK(s16.kv_dtype() == t);
+        const auto y32 = run(m32, be, s32, seq_batch::dense(1, T), x), y16 = run(m16, be, s16, seq_batch::dense(1, T), x);
+        CHECK(s16.bytes() * 2 == s32.bytes());
+        const double tol = t == dtype::bf16 ? 2e-2 : 3e-3;
+        CHECK(test::rel_error(y16, y32) < tol);
+        CHECK(test::rel_error(y16, y32) > 0);  // the rounding is real
+        const auto same_as_rounded = [&](auto tag) {
+            using KV = decltype(tag);
+            const auto k32 = s32.key_range(0, 0, T), v32 = s32.value_range(0, 0, T);
+            const auto k16 = s16.key_range<KV>(0, 0, T), v16 = s16.value_range<KV>(0, 0, T);
+            std::int64_t mismatches = 0;
+            for (std::int64_t i = 0; i < T; ++i)
+                for (std::int64_t h = 0; h < c.n_kv_heads; ++h)
+                    for (std::int64_t e = 0; e < c.head_dim; ++e) {
+                        mismatches += !(KV::from_float(k32(i, h, e)) == k16(i, h, e));
+                        mismatches += !(KV::from_float(v32(i, h, e)) == v16(i, h, e));
+                    }
+            CHECK(mismatches == 0);
+        };
+        if (t == dtype::bf16)
+            same_as_rounded(bf16{});
+        else
+            same_as_rounded(f16{});
+    }
+}
+
+TEST_CASE("attention, 16-bit KV cache: bad dtypes and reads of the wrong type throw") {
+    auto c = cfg_gated();
+    c.kv_dtype = dtype::i8;
+    CHECK_THROWS_AS(c.validate(), config_error);
+    CHECK_THROWS_AS(attention(c, attention_weights::random(cfg_gated(), 1)), config_error);
+    attention m(cfg_gated(), attention_weights::random(cfg_gated(), 1));
+    CHECK_THROWS_AS(m.set_kv_dtype(dtype::f64), config_error);
+    CHECK(m.config().kv_dtype == dtype::f32);  // unchanged by the failed call
+    m.set_kv_dtype(dtype::bf16);
+    const auto st = m.make_state(2);
+    CHECK(st.kv_dtype() == dtype::bf16);
+    CHECK_THROWS_AS(st.key_range(0, 0, 0), dtype_error);  // f32 view of a bf16 cache
+    CHECK_THROWS_AS(st.values<f16>(1), dtype_error);
+    CHECK_NOTHROW(st.key_range<bf16>(0, 0, 0));
+    CHECK_THROWS_AS(kv_cache(1, 2, 8, 0, dtype::i32), dtype_error);
+}

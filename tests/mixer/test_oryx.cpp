@@ -458,3 +458,26 @@ TEST_CASE("oryx: argument errors") {
     w.o_norm = tensor<float>({3});
     CHECK_THROWS_AS(oryx(m.config(), w), shape_error);
 }
+
+// A 16-bit KV cache (oryx::set_kv_dtype): the shared invariants keep the f32 tolerance between runs of the layer (keys
+// and values are rounded once, when cached), and the layer stays within the rounding of the fp64 reference.
+namespace {
+oryx with_kv(oryx m, dtype t) {
+    m.set_kv_dtype(t);
+    return m;
+}
+}  // namespace
+TEST_CASE("oryx-GDN, all attention, bf16 KV cache: spec invariants on the CPU backend") {
+    const auto m = with_kv(make_oryx(oryx_linear_kind::gdn, token_mode::attention), dtype::bf16);
+    CHECK(m.make_state(1).kv.kv_dtype() == dtype::bf16);
+    hymix::test::run_mixer_harness(m, cpu_backend(2), hymix::test::harness_tolerance{2e-2, 1e-5});
+}
+TEST_CASE("oryx-Mamba-2, all attention, f16 KV cache: spec invariants on the reference backend") {
+    hymix::test::run_mixer_harness(with_kv(make_oryx(oryx_linear_kind::mamba2, token_mode::attention), dtype::f16), reference_backend(),
+                                   hymix::test::harness_tolerance{3e-3, 1e-6});
+}
+TEST_CASE("oryx: set_kv_dtype refuses dtypes other than f32, bf16 and f16") {
+    auto m = make_oryx(oryx_linear_kind::gdn, token_mode::attention);
+    CHECK_THROWS_AS(m.set_kv_dtype(dtype::i8), config_error);
+    CHECK(m.kv_dtype() == dtype::f32);
+}

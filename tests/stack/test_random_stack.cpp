@@ -1,7 +1,8 @@
 // random_stack: one call gives a whole model with the schedule's layers, each mixer's own random initialisation,
 // N(0, 0.02) embedding / MLPs and neutral norm weights; reproducible from the seed; missing sizes are config errors.
 // model::store_weights_as: bf16 / f16 projection weights give, bit for bit, the logits of the f32 model whose weights
-// were rounded the same way (prefill and decode, both backends); training and saving refuse them.
+// were rounded the same way (prefill and decode, both backends); training and saving refuse them. model::set_kv_dtype:
+// bf16 / f16 KV caches of the attention layers give logits within their rounding.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include "hymix/stack/model.hpp"
 #include "hymix/stack/random_stack.hpp"
 #include "hymix/train/model_grad.hpp"
+#include "support/random.hpp"
 
 using namespace hymix;
 
@@ -317,4 +319,28 @@ TEST_CASE("store_weights_as(i8): per-row 8-bit projections give the dequantized 
     CHECK_THROWS_WITH_AS(bad.store_weights_as(dtype::i8), doctest::Contains("lm_head: value nan at [0, 7] cannot be quantized to i8"),
                          value_error);
     CHECK(bad.weight_dtype() == dtype::f32);
+}
+
+TEST_CASE("set_kv_dtype: the attention layers' caches in bf16 / f16 give logits within their rounding; other stacks and dtypes") {
+    const auto h = random_stack<hybrid>(sizes(false), {.n_layers = 3, .d_ff = 96}, {gdn_cfg(), attn_cfg()}, 31);
+    const cpu_backend be(2);
+    const auto f32_logits = prefill_and_decode(h, be);
+    for (dtype t : {dtype::bf16, dtype::f16}) {
+        CAPTURE(static_cast<int>(t));
+        auto m = h;
+        CHECK(m.set_kv_dtype(t) == 1);  // layers G, G, A: one attention layer
+        const auto c = m.make_cache(1);
+        CHECK(std::get<attention_state>(c.layer_state(2)).kv_dtype() == t);
+        const auto a = prefill_and_decode(m, be);
+        CHECK(test::rel_error(a, f32_logits) < (t == dtype::bf16 ? 1e-2 : 2e-3));
+        CHECK(a != f32_logits);                              // the rounding is real
+        CHECK(prefill_and_decode(m, reference_backend{}).size() == a.size());
+        CHECK(test::rel_error(prefill_and_decode(m, reference_backend{}), a) < 1e-5);  // both backends round the same values
+        m.set_kv_dtype(dtype::f32);
+        CHECK(prefill_and_decode(m, be) == f32_logits);
+    }
+    auto m = h;
+    CHECK_THROWS_AS(m.set_kv_dtype(dtype::i8), config_error);
+    auto t = random_stack<mamba_pair>(sizes(true), {}, {mamba_cfg()}, 32);
+    CHECK(t.set_kv_dtype(dtype::bf16) == 0);  // no attention layer
 }

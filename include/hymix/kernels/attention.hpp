@@ -2,6 +2,8 @@
 // over key tiles (no materialised [T, T] scores), a decode kernel for one query row per sequence over a long KV
 // cache (split-K with log-sum-exp merge), and an fp64 reference with a materialised mask. Bottom-right causal
 // alignment (query i of Tq sees keys 0 … Tk−Tq+i), GQA by head mapping h → h / (H/H_kv), optional sliding window.
+// Keys and values may be stored in bf16 or f16 (a 16-bit KV cache): the kernels widen them exactly as they load them
+// (kernels/widen.hpp) and keep every product and sum in fp32, in the same order as for f32 keys and values.
 #pragma once
 
 #include <algorithm>
@@ -20,6 +22,7 @@
 #include "hymix/core/error.hpp"
 #include "hymix/core/tensor.hpp"
 #include "hymix/kernels/lane_sum.hpp"
+#include "hymix/kernels/widen.hpp"
 
 namespace hymix::kernels {
 
@@ -30,12 +33,13 @@ struct attention_params {
 };
 
 /// One sequence's attention problem. The Tq queries are the last Tq tokens of the Tk keys (bottom-right mask);
-/// Tk < Tq is allowed (the first Tq−Tk rows then see no key: o = 0, lse = −∞).
-template <class T>
+/// Tk < Tq is allowed (the first Tq−Tk rows then see no key: o = 0, lse = −∞). KV is the element type keys and
+/// values are stored in: T, or on the CPU also bf16 / f16 (a 16-bit KV cache), widened exactly to fp32 as loaded.
+template <class T, class KV = T>
 struct attention_problem {
-    tensor_view<const T, 3> q;  // [Tq, H, d_h]      unit stride along d_h
-    tensor_view<const T, 3> k;  // [Tk, H_kv, d_h]   unit stride along d_h (any token / head strides)
-    tensor_view<const T, 3> v;  // [Tk, H_kv, d_h]
+    tensor_view<const T, 3> q;   // [Tq, H, d_h]      unit stride along d_h
+    tensor_view<const KV, 3> k;  // [Tk, H_kv, d_h]   unit stride along d_h (any token / head strides)
+    tensor_view<const KV, 3> v;  // [Tk, H_kv, d_h]
     tensor_view<T, 3> o;        // [Tq, H, d_h]      unit stride along d_h; no two elements at one address; no overlap
                                 //                   with q, k, v
     tensor_view<T, 2> lse;      // [Tq, H] natural-log LSE of the scaled scores, or data == nullptr for none (any
@@ -50,8 +54,8 @@ namespace detail {
 // dozen comparisons per problem. Not checked, on purpose: the values of q, k and v (finiteness would need a pass
 // over the whole KV cache on every decode step, as expensive as the attention itself); a NaN or Inf there
 // propagates to o and LSE instead (spec.md §2), where callers check results.
-template <class T>
-void attention_check(const attention_problem<T>& p, const char* who) {
+template <class T, class KV>
+void attention_check(const attention_problem<T, KV>& p, const char* who) {
     const std::int64_t Tq = p.q.dim(0), H = p.q.dim(1), dh = p.q.dim(2), Tk = p.k.dim(0), Hkv = p.k.dim(1);
     const std::string_view w(who);
     p.k.require_shape({Tk, Hkv, dh}, w, "k");
@@ -108,32 +112,32 @@ inline void grow(std::vector<float>& v, std::size_t n) {
     if (v.size() < n) v.resize(n);
 }
 
-/// Σ a[i]·b[i] over n floats.
-template <class Arch>
-inline float dot(const float* a, const float* b, std::int64_t n) {
+/// Σ a[i]·b[i] over n values (b widened to fp32 as loaded).
+template <class Arch, class TB>
+inline float dot(const float* a, const TB* b, std::int64_t n) {
     using V = xsimd::batch<float, Arch>;
     constexpr std::int64_t W = static_cast<std::int64_t>(V::size);
     std::int64_t i = 0;
     V acc0(0.f), acc1(0.f);
     for (; i + 2 * W <= n; i += 2 * W) {
-        acc0 = xsimd::fma(V::load_unaligned(a + i), V::load_unaligned(b + i), acc0);
-        acc1 = xsimd::fma(V::load_unaligned(a + i + W), V::load_unaligned(b + i + W), acc1);
+        acc0 = xsimd::fma(V::load_unaligned(a + i), load_widened<Arch>(b + i), acc0);
+        acc1 = xsimd::fma(V::load_unaligned(a + i + W), load_widened<Arch>(b + i + W), acc1);
     }
-    for (; i + W <= n; i += W) acc0 = xsimd::fma(V::load_unaligned(a + i), V::load_unaligned(b + i), acc0);
+    for (; i + W <= n; i += W) acc0 = xsimd::fma(V::load_unaligned(a + i), load_widened<Arch>(b + i), acc0);
     float s = xsimd::hadd(acc0 + acc1);
-    for (; i < n; ++i) s += a[i] * b[i];
+    for (; i < n; ++i) s += a[i] * widen(b[i]);
     return s;
 }
 
-/// y[i] = y[i]·alpha + p·x[i] over n floats (alpha = 1 skips the scaling).
-template <class Arch>
-inline void axpy(float* y, float p, const float* x, std::int64_t n) {
+/// y[i] += p·x[i] over n values (x widened to fp32 as loaded).
+template <class Arch, class TX>
+inline void axpy(float* y, float p, const TX* x, std::int64_t n) {
     using V = xsimd::batch<float, Arch>;
     constexpr std::int64_t W = static_cast<std::int64_t>(V::size);
     const V pv(p);
     std::int64_t i = 0;
-    for (; i + W <= n; i += W) xsimd::fma(pv, V::load_unaligned(x + i), V::load_unaligned(y + i)).store_unaligned(y + i);
-    for (; i < n; ++i) y[i] += p * x[i];
+    for (; i + W <= n; i += W) xsimd::fma(pv, load_widened<Arch>(x + i), V::load_unaligned(y + i)).store_unaligned(y + i);
+    for (; i < n; ++i) y[i] += p * widen(x[i]);
 }
 
 /// In place: s[j] ← exp(s[j]·scale − m) over n floats; returns the sum.
@@ -186,8 +190,8 @@ inline constexpr std::int64_t tile_k = 64;   // keys per inner tile
 // Both products broadcast one K or V element against NV query vectors (R × NV accumulators in registers).
 
 /// St rows [j, j + R): R key rows against all NV query vectors, over d_h.
-template <class Arch, int NV, int R>
-inline void score_rows(const float* Qt, std::int64_t bqp, const float* k, std::int64_t ks, std::int64_t dh, float* St) {
+template <class Arch, int NV, int R, class KV>
+inline void score_rows(const float* Qt, std::int64_t bqp, const KV* k, std::int64_t ks, std::int64_t dh, float* St) {
     using V = xsimd::batch<float, Arch>;
     constexpr std::int64_t W = static_cast<std::int64_t>(V::size);
     V acc[R][NV];
@@ -197,7 +201,7 @@ inline void score_rows(const float* Qt, std::int64_t bqp, const float* k, std::i
         V q[NV];
         for (int n = 0; n < NV; ++n) q[n] = V::load_aligned(Qt + c * bqp + n * W);
         for (int r = 0; r < R; ++r) {
-            const V kb(k[r * ks + c]);
+            const V kb(widen(k[r * ks + c]));
             for (int n = 0; n < NV; ++n) acc[r][n] = xsimd::fma(kb, q[n], acc[r][n]);
         }
     }
@@ -206,8 +210,8 @@ inline void score_rows(const float* Qt, std::int64_t bqp, const float* k, std::i
 }
 
 /// Ot rows [c, c + R) ← α ⊙ Ot rows + Σ_j V[j, c..c+R) · St[j, :] over the bk keys of the tile.
-template <class Arch, int NV, int R>
-inline void accumulate_rows(const float* St, std::int64_t bqp, std::int64_t bk, const float* v, std::int64_t vs,
+template <class Arch, int NV, int R, class KV>
+inline void accumulate_rows(const float* St, std::int64_t bqp, std::int64_t bk, const KV* v, std::int64_t vs,
                             const float* alpha, float* Ot) {
     using V = xsimd::batch<float, Arch>;
     constexpr std::int64_t W = static_cast<std::int64_t>(V::size);
@@ -220,7 +224,7 @@ inline void accumulate_rows(const float* St, std::int64_t bqp, std::int64_t bk, 
         V pv[NV];
         for (int n = 0; n < NV; ++n) pv[n] = V::load_aligned(St + j * bqp + n * W);
         for (int r = 0; r < R; ++r) {
-            const V vb(v[j * vs + r]);
+            const V vb(widen(v[j * vs + r]));
             for (int n = 0; n < NV; ++n) acc[r][n] = xsimd::fma(vb, pv[n], acc[r][n]);
         }
     }
@@ -231,8 +235,8 @@ inline void accumulate_rows(const float* St, std::int64_t bqp, std::int64_t bk, 
 /// Queries [i0, i1) (at most tile_q) of head h of one problem, NV = ceil((i1 − i0) / W): loops over the visible
 /// key tiles with an online softmax. Masked scores become −∞; a lane whose running max is still −∞ uses 0 as its
 /// reference, so exp(−∞ − (−∞)) is never evaluated and a row with no visible key ends with l = 0 → o = 0, LSE −∞.
-template <class Arch, int NV>
-void attention_tile_nv(const attention_problem<float>& p, std::int64_t h, std::int64_t i0, std::int64_t i1, float scale,
+template <class Arch, int NV, class KV>
+void attention_tile_nv(const attention_problem<float, KV>& p, std::int64_t h, std::int64_t i0, std::int64_t i1, float scale,
                        std::int64_t window) {
     using V = xsimd::batch<float, Arch>;
     constexpr std::int64_t W = static_cast<std::int64_t>(V::size);
@@ -278,8 +282,8 @@ void attention_tile_nv(const attention_problem<float>& p, std::int64_t h, std::i
 
     for (std::int64_t j0 = klo; j0 < khi; j0 += tile_k) {
         const std::int64_t bk = std::min(tile_k, khi - j0);
-        const float* kt = &p.k(j0, hk, 0);
-        const float* vt = &p.v(j0, hk, 0);
+        const KV* kt = &p.k(j0, hk, 0);
+        const KV* vt = &p.v(j0, hk, 0);
         std::int64_t j = 0;
         for (; j + 4 <= bk; j += 4) score_rows<Arch, NV, 4>(Qt, bqp, kt + j * ks, ks, dh, St + j * bqp);
         for (; j < bk; ++j) score_rows<Arch, NV, 1>(Qt, bqp, kt + j * ks, ks, dh, St + j * bqp);
@@ -336,24 +340,27 @@ void attention_tile_nv(const attention_problem<float>& p, std::int64_t h, std::i
     }
 }
 
-template <class Arch>
-void attention_tile(const attention_problem<float>& p, std::int64_t h, std::int64_t i0, std::int64_t i1, float scale,
+template <class Arch, class KV>
+void attention_tile(const attention_problem<float, KV>& p, std::int64_t h, std::int64_t i0, std::int64_t i1, float scale,
                     std::int64_t window) {
     constexpr std::int64_t W = static_cast<std::int64_t>(xsimd::batch<float, Arch>::size);
     switch ((i1 - i0 + W - 1) / W) {
-        case 1: attention_tile_nv<Arch, 1>(p, h, i0, i1, scale, window); break;
-        case 2: attention_tile_nv<Arch, 2>(p, h, i0, i1, scale, window); break;
-        case 3: attention_tile_nv<Arch, 3>(p, h, i0, i1, scale, window); break;
-        default: attention_tile_nv<Arch, 4>(p, h, i0, i1, scale, window); break;
+        case 1: attention_tile_nv<Arch, 1, KV>(p, h, i0, i1, scale, window); break;
+        case 2: attention_tile_nv<Arch, 2, KV>(p, h, i0, i1, scale, window); break;
+        case 3: attention_tile_nv<Arch, 3, KV>(p, h, i0, i1, scale, window); break;
+        default: attention_tile_nv<Arch, 4, KV>(p, h, i0, i1, scale, window); break;
     }
 }
 
 /// Keys per block of the decode kernel (decode_group's score buffer holds g · decode_block floats).
 inline constexpr std::int64_t decode_block = 512;
 
-/// Prefetches the n floats from p into the cache (one request per 64-byte line).
-inline void prefetch_floats(const float* p, std::int64_t n) {
-    for (std::int64_t c = 0; c < n; c += 16) __builtin_prefetch(p + c, 0, 3);
+/// Prefetches the n values from p into the cache (one request per 64-byte line).
+template <class T>
+inline void prefetch_values(const T* p, std::int64_t n) {
+    const auto* b = reinterpret_cast<const char*>(p);
+    const std::int64_t bytes = n * static_cast<std::int64_t>(sizeof(T));
+    for (std::int64_t c = 0; c < bytes; c += 64) __builtin_prefetch(b + c, 0, 3);
 }
 
 /// Register tiles of the decode kernel: `tile` accumulators (16 with 32 vector registers, 8 with 16), split between
@@ -368,8 +375,8 @@ struct decode_tiles {
 /// Scores of HC query heads × KC keys: s[h·ld + j] = scale · (q_h · k_j) over d_h (a multiple of the SIMD width), one
 /// accumulator per (head, key) fed by each loaded key vector HC times; the sums of all HC·KC accumulators at once
 /// (lane_tree_sum16 with AVX-512). A key's score is the same bits in any tile shape.
-template <class Arch, int HC, int KC>
-inline void score_tile(const float* q, std::int64_t qs, const float* k, std::int64_t ks, std::int64_t dh, float scale, float* s,
+template <class Arch, int HC, int KC, class KV>
+inline void score_tile(const float* q, std::int64_t qs, const KV* k, std::int64_t ks, std::int64_t dh, float scale, float* s,
                        std::int64_t ld) {
     using V = xsimd::batch<float, Arch>;
     constexpr std::int64_t W = static_cast<std::int64_t>(V::size);
@@ -377,7 +384,7 @@ inline void score_tile(const float* q, std::int64_t qs, const float* k, std::int
     static_for<HC * KC>([&](auto i) { acc[i] = V(0.f); });
     for (std::int64_t d = 0; d < dh; d += W) {
         V kv[KC];
-        static_for<KC>([&](auto j) { kv[j] = V::load_unaligned(k + j * ks + d); });
+        static_for<KC>([&](auto j) { kv[j] = load_widened<Arch>(k + j * ks + d); });
         static_for<HC>([&](auto h) {
             const V qv = V::load_unaligned(q + h * qs + d);
             static_for<KC>([&](auto j) { acc[h * KC + j] = xsimd::fma(qv, kv[j], acc[h * KC + j]); });
@@ -398,18 +405,18 @@ inline void score_tile(const float* q, std::int64_t qs, const float* k, std::int
 /// from column c0, over n keys: the HC·VC sums stay in registers for the whole key block, each loaded value vector
 /// feeding HC of them. With `pf`, row j of [pf, pf + pn·pfs) (the next block's keys, row_floats each) is prefetched
 /// while key j is summed, so the memory reads of the next block overlap this block's arithmetic.
-template <class Arch, int HC, int VC>
-inline void pv_tile(const float* p, std::int64_t ld, const float* v, std::int64_t vs, std::int64_t n, std::int64_t c0,
-                    float* o, std::int64_t os, const float* alpha, const float* pf = nullptr, std::int64_t pfs = 0,
+template <class Arch, int HC, int VC, class KV>
+inline void pv_tile(const float* p, std::int64_t ld, const KV* v, std::int64_t vs, std::int64_t n, std::int64_t c0,
+                    float* o, std::int64_t os, const float* alpha, const KV* pf = nullptr, std::int64_t pfs = 0,
                     std::int64_t pn = 0, std::int64_t row_floats = 0) {
     using V = xsimd::batch<float, Arch>;
     constexpr std::int64_t W = static_cast<std::int64_t>(V::size);
     V acc[HC * VC];
     static_for<HC * VC>([&](auto i) { acc[i] = V(0.f); });
     for (std::int64_t j = 0; j < n; ++j) {
-        if (j < pn) prefetch_floats(pf + j * pfs, row_floats);
+        if (j < pn) prefetch_values(pf + j * pfs, row_floats);
         V vv[VC];
-        static_for<VC>([&](auto c) { vv[c] = V::load_unaligned(v + j * vs + c0 + c * W); });
+        static_for<VC>([&](auto c) { vv[c] = load_widened<Arch>(v + j * vs + c0 + c * W); });
         static_for<HC>([&](auto h) {
             const V pj(p[h * ld + j]);
             static_for<VC>([&](auto c) { acc[h * VC + c] = xsimd::fma(pj, vv[c], acc[h * VC + c]); });
@@ -429,8 +436,8 @@ inline void pv_tile(const float* p, std::int64_t ld, const float* v, std::int64_
 /// tiles of heads × keys) and one over V for their outputs (tiles of heads × d_h vectors, accumulated in registers
 /// over the block), so K and V are read from memory once per group. sbuf holds g · decode_block floats, alpha g.
 /// d_h not a multiple of the SIMD width takes a plain path with the same maths.
-template <class Arch>
-void decode_group(const attention_problem<float>& p, std::int64_t hk, std::int64_t j0, std::int64_t j1, float scale,
+template <class Arch, class KV>
+void decode_group(const attention_problem<float, KV>& p, std::int64_t hk, std::int64_t j0, std::int64_t j1, float scale,
                   float* rows, std::int64_t pw, float* sbuf, float* alpha) {
     constexpr std::int64_t W = static_cast<std::int64_t>(xsimd::batch<float, Arch>::size);
     constexpr int tile = decode_tiles<Arch>::tile;
@@ -449,8 +456,8 @@ void decode_group(const attention_problem<float>& p, std::int64_t hk, std::int64
     const std::int64_t qs = p.q.strides[1];
     for (std::int64_t b0 = j0; b0 < j1; b0 += blk) {
         const std::int64_t n = std::min(blk, j1 - b0);
-        const float* kb = &p.k(b0, hk, 0);
-        const float* vb = &p.v(b0, hk, 0);
+        const KV* kb = &p.k(b0, hk, 0);
+        const KV* vb = &p.v(b0, hk, 0);
         // 1. Scores s[r, j] of every head r of the group.
         if (tiled) {
             with_constant<4>(hc, [&](auto HC) {
@@ -461,8 +468,8 @@ void decode_group(const attention_problem<float>& p, std::int64_t hk, std::int64
                         // Bring the same keys' values in while their scores are computed; in the first block (not
                         // prefetched by a previous one) also run ahead of its keys.
                         for (std::int64_t jj = j; r == 0 && jj < j + KC; ++jj) {
-                            prefetch_floats(vb + jj * vs, dh);
-                            if (b0 == j0 && jj + key_ahead < n) prefetch_floats(kb + (jj + key_ahead) * ks, dh);
+                            prefetch_values(vb + jj * vs, dh);
+                            if (b0 == j0 && jj + key_ahead < n) prefetch_values(kb + (jj + key_ahead) * ks, dh);
                         }
                         score_tile<Arch, HC, KC>(q0 + r * qs, qs, kb + j * ks, ks, dh, scale, sbuf + r * blk + j, blk);
                     }
@@ -521,8 +528,8 @@ void decode_group(const attention_problem<float>& p, std::int64_t hk, std::int64
 
 }  // namespace detail
 
-template <cpu_backend_type Backend>
-void attention_decode(const Backend& be, std::span<const attention_problem<float>> problems, const attention_params& prm);
+template <cpu_backend_type Backend, class KV>
+void attention_decode(const Backend& be, std::span<const attention_problem<float, KV>> problems, const attention_params& prm);
 
 /// Tiled causal attention over a batch of independent problems (one per sequence). Work items are
 /// (problem, head, tile of 4 SIMD widths of queries: 64 with AVX-512), run in parallel with the backend's parallel_for; each item loops over
@@ -532,14 +539,14 @@ void attention_decode(const Backend& be, std::span<const attention_problem<float
 /// invariance, spec.md §0).
 /// Throws shape_error on inconsistent shapes, H % H_kv != 0 or views that break the stride rules of attention_problem,
 /// value_error on a non-finite scale or a negative window.
-template <cpu_backend_type Backend>
-void attention_prefill(const Backend& be, std::span<const attention_problem<float>> problems, const attention_params& prm) {
+template <cpu_backend_type Backend, class KV>
+void attention_prefill(const Backend& be, std::span<const attention_problem<float, KV>> problems, const attention_params& prm) {
     struct item {
         std::int64_t p, h, i0, i1;
     };
     detail::attention_check_params(prm, "attention_prefill");
     std::vector<item> items;
-    std::vector<attention_problem<float>> single;  // Tq = 1: the decode kernel
+    std::vector<attention_problem<float, KV>> single;  // Tq = 1: the decode kernel
     for (std::size_t pi = 0; pi < problems.size(); ++pi) {
         const auto& p = problems[pi];
         detail::attention_check(p, "attention_prefill");
@@ -562,7 +569,7 @@ void attention_prefill(const Backend& be, std::span<const attention_problem<floa
             detail::attention_tile<typename Backend::arch>(p, w.h, w.i0, w.i1, scale, prm.window);
         }
     });
-    if (!single.empty()) attention_decode(be, std::span<const attention_problem<float>>(single), prm);
+    if (!single.empty()) attention_decode(be, std::span<const attention_problem<float, KV>>(single), prm);
 }
 
 /// Decode: every problem has exactly one query row (Tq = 1, else shape_error) over Tk cached keys. Work items
@@ -572,8 +579,8 @@ void attention_prefill(const Backend& be, std::span<const attention_problem<floa
 /// blocks stream K and V with fewer cold starts). The blocks depend on the sequence's own key count and head shape
 /// only — never on the thread count or the rest of the batch — so a sequence's output is the same bits in any batch
 /// (batch invariance, spec.md §0).
-template <cpu_backend_type Backend>
-void attention_decode(const Backend& be, std::span<const attention_problem<float>> problems, const attention_params& prm) {
+template <cpu_backend_type Backend, class KV>
+void attention_decode(const Backend& be, std::span<const attention_problem<float, KV>> problems, const attention_params& prm) {
     using Arch = typename Backend::arch;
     struct item {
         std::int64_t p, hk, j0, j1, slot;  // slot: first row of this item's partial results

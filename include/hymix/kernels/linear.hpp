@@ -28,6 +28,7 @@
 #include "hymix/core/linear_weight.hpp"
 #include "hymix/core/tensor.hpp"
 #include "hymix/kernels/lane_sum.hpp"
+#include "hymix/kernels/widen.hpp"
 
 // Inlines every call inside a register tile (the step lambda, the reduction): past a size budget, GCC otherwise
 // outlines them and the accumulators go through memory at every step.
@@ -160,73 +161,6 @@ inline xsimd::batch<float, Arch> mul_add(xsimd::batch<float, Arch> x, xsimd::bat
     return p + acc;
 }
 
-/// One SIMD vector of W consecutive weights starting at p, widened to f32. f32: a plain load. bf16: the 16-bit
-/// patterns zero-extended to 32 bits and shifted into the upper half (bf16 is an f32's upper half). f16: the
-/// hardware's half-to-single conversion (F16C, AVX-512F, AArch64), else a scalar widening. int8: sign-extended to 32
-/// bits and converted (SSE4.1, AVX2, AVX-512F), else a scalar widening. All exact.
-template <class Arch, class TW>
-inline xsimd::batch<float, Arch> load_weights(const TW* p) {
-    using B = xsimd::batch<float, Arch>;
-    [[maybe_unused]] constexpr std::size_t bytes = sizeof(typename B::register_type);
-    if constexpr (std::is_same_v<TW, float>) {
-        return B::load_unaligned(p);
-    } else if constexpr (std::is_same_v<TW, std::int8_t>) {
-#if defined(__AVX512F__)
-        if constexpr (std::is_base_of_v<xsimd::avx512f, Arch>)
-            return B(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))));
-#endif
-#if defined(__AVX2__)
-        if constexpr (bytes == 32)
-            return B(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))));
-#endif
-#if defined(__SSE4_1__)
-        if constexpr (bytes == 16) {
-            std::int32_t four;
-            std::memcpy(&four, p, sizeof four);
-            return B(_mm_cvtepi32_ps(_mm_cvtepi8_epi32(_mm_cvtsi32_si128(four))));
-        }
-#endif
-        alignas(64) float t[B::size];
-        for (std::size_t i = 0; i < B::size; ++i) t[i] = static_cast<float>(p[i]);
-        return B::load_aligned(t);
-    } else {
-#if defined(__AVX512F__)
-        if constexpr (std::is_base_of_v<xsimd::avx512f, Arch>) {
-            const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-            if constexpr (std::is_same_v<TW, bf16>)
-                return B(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
-            else
-                return B(_mm512_cvtph_ps(h));
-        }
-#endif
-#if defined(__AVX2__)
-        if constexpr (bytes == 32 && std::is_same_v<TW, bf16>)
-            return B(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16)));
-#endif
-#if defined(__SSE4_1__)
-        if constexpr (bytes == 16 && std::is_same_v<TW, bf16>)
-            return B(_mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))), 16)));
-#endif
-#if defined(__F16C__)
-        if constexpr (bytes == 16 && std::is_same_v<TW, f16>)
-            return B(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-        if constexpr (bytes == 32 && std::is_same_v<TW, f16> && !std::is_base_of_v<xsimd::avx512f, Arch>)
-            return B(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-#endif
-#if defined(__aarch64__)
-        if constexpr (std::is_base_of_v<xsimd::neon64, Arch>) {
-            if constexpr (std::is_same_v<TW, bf16>)
-                return B(vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(reinterpret_cast<const std::uint16_t*>(p)), 16)));
-            else
-                return B(vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const std::uint16_t*>(p)))));
-        }
-#endif
-        alignas(64) float t[B::size];
-        for (std::size_t i = 0; i < B::size; ++i) t[i] = p[i].to_float();
-        return B::load_aligned(t);
-    }
-}
-
 /// Loads of the last K % W terms of a row, zero-padded to a full vector (step 1's tail), widened to f32.
 template <class Arch, class T = float>
 inline auto tail_loader(std::int64_t n) {
@@ -241,7 +175,7 @@ inline auto tail_loader(std::int64_t n) {
         return [n](const T* p) {
             alignas(64) T t[B::size] = {};
             std::copy(p, p + n, t);
-            return load_weights<Arch>(static_cast<const T*>(t));
+            return load_widened<Arch>(static_cast<const T*>(t));
         };
     }
 }
@@ -282,7 +216,7 @@ HYMIX_LINEAR_FLATTEN void linear_tile(tensor_view<const float, 2> x, tensor_view
         });
     };
     for (std::int64_t k = k0; k < std::min(k1, Kv); k += W)
-        step(k, [](const float* p) { return B::load_unaligned(p); }, [](const TW* p) { return load_weights<Arch>(p); });
+        step(k, [](const float* p) { return B::load_unaligned(p); }, [](const TW* p) { return load_widened<Arch>(p); });
     if (k1 < K) {
         static_for<R * C>([&](auto i) { partial[i] = acc[i]; });
         return;

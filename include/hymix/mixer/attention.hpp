@@ -68,6 +68,7 @@ struct attention_config {
     bool output_gate = false;         // Qwen3-Next / Qwen3.5: q_proj also yields a per-channel sigmoid gate
     double scale = 0.0;               // 0 → 1/sqrt(d_h)
     std::int64_t sliding_window = 0;  // 0 = none
+    dtype kv_dtype = dtype::f32;      // storage of the KV cache: f32, or bf16 / f16 (half the bytes; see kv_cache)
 
     /// Rows of q_proj.weight: H·d_h, doubled with the output gate.
     std::int64_t q_rows() const noexcept { return n_heads * head_dim * (output_gate ? 2 : 1); }
@@ -99,6 +100,8 @@ struct attention_config {
             throw config_error("attention_config: scale must be finite and >= 0 (0 = 1/sqrt(head_dim)), found " + std::to_string(scale));
         if (sliding_window < 0)
             throw config_error("attention_config: sliding_window must be >= 0, found " + std::to_string(sliding_window));
+        if (!kv_cache::supported(kv_dtype))
+            throw config_error("attention_config: kv_dtype must be F32, BF16 or F16, found " + std::string(dtype_name(kv_dtype)));
     }
 };
 
@@ -238,7 +241,17 @@ public:
     /// Mutable weights for the optimizer (the layer caches nothing derived from them).
     attention_weights& weights_mut() noexcept { return w_; }
     /// An empty KV cache with `n_slots` slots (call reserve() on it to pre-size the capacity).
-    attention_state make_state(std::int64_t n_slots) const { return attention_state(n_slots, cfg_.n_kv_heads, cfg_.head_dim); }
+    attention_state make_state(std::int64_t n_slots) const {
+        return attention_state(n_slots, cfg_.n_kv_heads, cfg_.head_dim, 0, cfg_.kv_dtype);
+    }
+    /// Stores the KV cache of states made from now on in `d` (f32, bf16 or f16; attention_config::kv_dtype). Throws
+    /// config_error for another dtype.
+    void set_kv_dtype(dtype d) {
+        attention_config c = cfg_;
+        c.kv_dtype = d;
+        c.validate();
+        cfg_ = c;
+    }
 
     /// Any token counts (chunked prefill; dispatches to the decode kernel when every sequence has one token).
     /// x, y [n_rows, d_model]; appends each valid sequence's keys/values to its slot. `batch` is a seq_batch or a
@@ -571,40 +584,43 @@ private:
         // 3. Append every valid row's key / value to its sequence's cache, then attend. A run of consecutive query
         //    rows of one sequence is one problem (its queries are the last rows of the keys it sees).
         st.ensure(need);
-        std::vector<kernels::attention_problem<float>> probs;
-        for (std::int64_t s = 0; s < batch.n_seq(); ++s) {
-            const auto i = static_cast<std::size_t>(s);
-            const std::int64_t slot = batch.slots[i], T = batch.lengths[i], r0 = batch.starts[i];
-            if (slot < 0 || T == 0) continue;
-            const std::int64_t past = st.length(slot);
-            st.write(be, slot, past, tensor_view<const float, 3>(k.data + r0 * kr, {T, Hkv, dh}),
-                     tensor_view<const float, 3>(v.data + r0 * kr, {T, Hkv, dh}));
-            for (std::int64_t t = 0; t < T;) {
-                const std::int64_t qi = dense ? r0 + t : qidx[static_cast<std::size_t>(r0 + t)];
-                if (qi < 0) {
-                    ++t;
-                    continue;
+        st.with_kv_type([&](auto kv_tag) {  // problems over the cache's element type (f32, bf16 or f16)
+            using KV = decltype(kv_tag);
+            std::vector<kernels::attention_problem<float, KV>> probs;
+            for (std::int64_t s = 0; s < batch.n_seq(); ++s) {
+                const auto i = static_cast<std::size_t>(s);
+                const std::int64_t slot = batch.slots[i], T = batch.lengths[i], r0 = batch.starts[i];
+                if (slot < 0 || T == 0) continue;
+                const std::int64_t past = st.length(slot);
+                st.write(be, slot, past, tensor_view<const float, 3>(k.data + r0 * kr, {T, Hkv, dh}),
+                         tensor_view<const float, 3>(v.data + r0 * kr, {T, Hkv, dh}));
+                for (std::int64_t t = 0; t < T;) {
+                    const std::int64_t qi = dense ? r0 + t : qidx[static_cast<std::size_t>(r0 + t)];
+                    if (qi < 0) {
+                        ++t;
+                        continue;
+                    }
+                    std::int64_t e = t + 1;
+                    while (e < T && (dense || qidx[static_cast<std::size_t>(r0 + e)] >= 0)) ++e;
+                    // Keys [from, past + e): all stored ones, or with a sliding window only those a query of the run can
+                    // see (the queries stay the last rows of the keys, so the bottom-right mask is unchanged).
+                    const std::int64_t Tk = past + e, w = cfg_.sliding_window;
+                    const std::int64_t from = w > 0 ? std::max(st.first(slot), Tk - (e - t) - w + 1) : st.first(slot);
+                    kernels::attention_problem<float, KV> p;
+                    p.q = tensor_view<const float, 3>(qv.slice(qi, e - t));
+                    p.k = st.template key_range<KV>(slot, from, Tk);
+                    p.v = st.template value_range<KV>(slot, from, Tk);
+                    p.o = tensor_view<float, 3>(&a(qi, 0), {e - t, H, dh});
+                    probs.push_back(p);
+                    t = e;
                 }
-                std::int64_t e = t + 1;
-                while (e < T && (dense || qidx[static_cast<std::size_t>(r0 + e)] >= 0)) ++e;
-                // Keys [from, past + e): all stored ones, or with a sliding window only those a query of the run can
-                // see (the queries stay the last rows of the keys, so the bottom-right mask is unchanged).
-                const std::int64_t Tk = past + e, w = cfg_.sliding_window;
-                const std::int64_t from = w > 0 ? std::max(st.first(slot), Tk - (e - t) - w + 1) : st.first(slot);
-                kernels::attention_problem<float> p;
-                p.q = tensor_view<const float, 3>(qv.slice(qi, e - t));
-                p.k = st.key_range(slot, from, Tk);
-                p.v = st.value_range(slot, from, Tk);
-                p.o = tensor_view<float, 3>(&a(qi, 0), {e - t, H, dh});
-                probs.push_back(p);
-                t = e;
             }
-        }
-        const kernels::attention_params prm{cfg_.scale, cfg_.sliding_window};
-        if (decode)
-            ops::attention_decode(be, std::span<const kernels::attention_problem<float>>(probs), prm);
-        else
-            ops::attention_prefill(be, std::span<const kernels::attention_problem<float>>(probs), prm);
+            const kernels::attention_params prm{cfg_.scale, cfg_.sliding_window};
+            if (decode)
+                ops::attention_decode(be, std::span<const kernels::attention_problem<float, KV>>(probs), prm);
+            else
+                ops::attention_prefill(be, std::span<const kernels::attention_problem<float, KV>>(probs), prm);
+        });
         for (std::int64_t s = 0; s < batch.n_seq(); ++s) {
             const auto i = static_cast<std::size_t>(s);
             if (batch.slots[i] < 0 || batch.lengths[i] == 0) continue;

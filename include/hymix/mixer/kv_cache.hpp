@@ -1,5 +1,8 @@
 // The KV cache of attention-like mixers (softmax attention, AMOR blocks, Oryx): post-RoPE keys and values per
-// sequence slot, fp32, layout [S, H_kv, capacity, d_h], with the cached token count (n_past) of each slot.
+// sequence slot, layout [S, H_kv, capacity, d_h], with the cached token count (n_past) of each slot. Stored in fp32,
+// or in bf16 / f16 (the cache's dtype, chosen at construction): a 16-bit cache halves the bytes each decode step
+// reads at long context; keys and values are rounded to nearest even once, when appended, and widened exactly to
+// fp32 by the attention kernels (every product and sum stays fp32).
 // Per-slot append (an op, so any backend can run it), views for the attention kernels, truncate / rollback to a
 // length (speculative decoding), copy / reset of a slot (prompt caching), and eviction of tokens no query can see
 // any more (sliding-window attention keeps a bounded cache). Token indices are absolute positions: a slot holds
@@ -10,8 +13,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "hymix/core/dtype.hpp"
 #include "hymix/core/error.hpp"
 #include "hymix/core/tensor.hpp"
 #include "hymix/ops/elementwise.hpp"
@@ -21,15 +26,34 @@ namespace hymix {
 class kv_cache {
 public:
     kv_cache() = default;
-    /// n_slots sequences of n_kv_heads × head_dim keys/values, room for `capacity` tokens each to start with.
-    /// Throws config_error on negative or zero sizes.
-    kv_cache(std::int64_t n_slots, std::int64_t n_kv_heads, std::int64_t head_dim, std::int64_t capacity = 0)
-        : n_slots_(n_slots), h_kv_(n_kv_heads), d_h_(head_dim), len_(static_cast<std::size_t>(std::max<std::int64_t>(n_slots, 0)), 0),
-          off_(len_.size(), 0) {
+    /// n_slots sequences of n_kv_heads × head_dim keys/values, room for `capacity` tokens each to start with,
+    /// stored in `kv_dtype` (f32, bf16 or f16). Throws config_error on negative or zero sizes and dtype_error on
+    /// another dtype.
+    kv_cache(std::int64_t n_slots, std::int64_t n_kv_heads, std::int64_t head_dim, std::int64_t capacity = 0,
+             dtype kv_dtype = dtype::f32)
+        : n_slots_(n_slots), h_kv_(n_kv_heads), d_h_(head_dim), dtype_(kv_dtype),
+          len_(static_cast<std::size_t>(std::max<std::int64_t>(n_slots, 0)), 0), off_(len_.size(), 0) {
         if (n_slots < 0 || n_kv_heads <= 0 || head_dim <= 0)
             throw config_error("kv_cache: need n_slots >= 0, n_kv_heads > 0, head_dim > 0; found " + std::to_string(n_slots) + ", " +
                                std::to_string(n_kv_heads) + ", " + std::to_string(head_dim));
+        if (!supported(kv_dtype))
+            throw dtype_error("kv_cache: keys and values are stored in F32, BF16 or F16, found " + std::string(dtype_name(kv_dtype)));
         reallocate(capacity);
+    }
+
+    /// Whether a KV cache can be stored in `t` (f32, bf16, f16).
+    static constexpr bool supported(dtype t) noexcept { return t == dtype::f32 || t == dtype::bf16 || t == dtype::f16; }
+    /// The element type keys and values are stored in.
+    dtype kv_dtype() const noexcept { return dtype_; }
+    /// Calls f(KV{}) with a value of the stored element type (float, bf16 or f16): the attention mixers build their
+    /// problems for that type. Returns what f returns.
+    template <class F>
+    decltype(auto) with_kv_type(F&& f) const {
+        switch (dtype_) {
+            case dtype::bf16: return f(bf16{});
+            case dtype::f16: return f(f16{});
+            default: return f(float{});
+        }
     }
 
     std::int64_t n_slots() const noexcept { return n_slots_; }
@@ -73,10 +97,12 @@ public:
         pos = std::min(pos, n);
         if (pos - f < std::max<std::int64_t>(min_drop, 1)) return false;
         const std::int64_t keep = n - pos, drop = pos - f;
-        for (std::int64_t h = 0; h < h_kv_; ++h) {
-            std::copy_n(k_.data() + offset(slot, h) + drop * d_h_, keep * d_h_, k_.data() + offset(slot, h));
-            std::copy_n(v_.data() + offset(slot, h) + drop * d_h_, keep * d_h_, v_.data() + offset(slot, h));
-        }
+        each_store([&](auto& k, auto& v) {
+            for (std::int64_t h = 0; h < h_kv_; ++h) {
+                std::copy_n(k.data() + offset(slot, h) + drop * d_h_, keep * d_h_, k.data() + offset(slot, h));
+                std::copy_n(v.data() + offset(slot, h) + drop * d_h_, keep * d_h_, v.data() + offset(slot, h));
+            }
+        });
         off_[static_cast<std::size_t>(slot)] = pos;
         return true;
     }
@@ -86,10 +112,12 @@ public:
         check(to);
         if (from == to) return;
         const std::int64_t n = stored(from);
-        for (std::int64_t h = 0; h < h_kv_; ++h) {
-            std::copy_n(k_.data() + offset(from, h), n * d_h_, k_.data() + offset(to, h));
-            std::copy_n(v_.data() + offset(from, h), n * d_h_, v_.data() + offset(to, h));
-        }
+        each_store([&](auto& k, auto& v) {
+            for (std::int64_t h = 0; h < h_kv_; ++h) {
+                std::copy_n(k.data() + offset(from, h), n * d_h_, k.data() + offset(to, h));
+                std::copy_n(v.data() + offset(from, h), n * d_h_, v.data() + offset(to, h));
+            }
+        });
         len_[static_cast<std::size_t>(to)] = len_[static_cast<std::size_t>(from)];
         off_[static_cast<std::size_t>(to)] = off_[static_cast<std::size_t>(from)];
     }
@@ -101,9 +129,10 @@ public:
         len_[static_cast<std::size_t>(slot)] = n;
     }
 
-    /// Writes k, v [T, H_kv, d_h] (unit stride along d_h) at positions [at, at + T) (at >= first) of `slot` on `be`.
-    /// The caller has made room (ensure) and sets the length afterwards; appends of distinct slots may run in one
-    /// parallel region. Throws shape_error on a shape mismatch or a range past the capacity.
+    /// Writes k, v [T, H_kv, d_h] (unit stride along d_h) at positions [at, at + T) (at >= first) of `slot` on `be`,
+    /// rounded to nearest even in a 16-bit cache. The caller has made room (ensure) and sets the length afterwards;
+    /// appends of distinct slots may run in one parallel region. Throws shape_error on a shape mismatch or a range
+    /// past the capacity.
     template <host_backend B>
     void write(const B& be, std::int64_t slot, std::int64_t at, tensor_view<const float, 3> k, tensor_view<const float, 3> v) {
         check(slot);
@@ -114,8 +143,10 @@ public:
         if (at < f || at - f + T > cap_)
             throw shape_error("kv_cache::write: tokens [" + std::to_string(at) + ", " + std::to_string(at + T) + ") outside the stored range [" +
                               std::to_string(f) + ", " + std::to_string(f + cap_) + ")");
-        ops::copy(be, k, token_view(k_, slot, at - f, T));
-        ops::copy(be, v, token_view(v_, slot, at - f, T));
+        each_store([&](auto& ks, auto& vs) {
+            ops::copy(be, k, token_view(ks, slot, at - f, T));
+            ops::copy(be, v, token_view(vs, slot, at - f, T));
+        });
     }
     /// Appends k, v [T, H_kv, d_h] after the slot's cached tokens (growing the cache when needed).
     template <host_backend B>
@@ -126,15 +157,32 @@ public:
         len_[static_cast<std::size_t>(slot)] = n + T;
     }
 
-    /// Keys of one slot, [H_kv, capacity, d_h]; the first stored(slot) tokens are valid (position first(slot) first).
-    tensor_view<float, 3> keys(std::int64_t slot) { return slot_view(k_, slot); }
-    tensor_view<float, 3> values(std::int64_t slot) { return slot_view(v_, slot); }
-    tensor_view<const float, 3> keys(std::int64_t slot) const { return const_cast<kv_cache*>(this)->keys(slot); }
-    tensor_view<const float, 3> values(std::int64_t slot) const { return const_cast<kv_cache*>(this)->values(slot); }
+    /// Keys of one slot, [H_kv, capacity, d_h], as KV (the cache's element type: float, the default, bf16 or
+    /// f16); the first stored(slot) tokens are valid (position first(slot) first). Throws dtype_error when KV is not
+    /// the stored type.
+    template <class KV = float>
+    tensor_view<KV, 3> keys(std::int64_t slot) { return slot_view(store<KV>(true), slot); }
+    template <class KV = float>
+    tensor_view<KV, 3> values(std::int64_t slot) { return slot_view(store<KV>(false), slot); }
+    template <class KV = float>
+    tensor_view<const KV, 3> keys(std::int64_t slot) const { return const_cast<kv_cache*>(this)->keys<KV>(slot); }
+    template <class KV = float>
+    tensor_view<const KV, 3> values(std::int64_t slot) const { return const_cast<kv_cache*>(this)->values<KV>(slot); }
     /// Tokens at positions [from, to) of a slot as the attention kernels read them: [to − from, H_kv, d_h] (token
-    /// stride d_h, head stride capacity·d_h). Throws shape_error unless first ≤ from ≤ to ≤ first + capacity.
-    tensor_view<const float, 3> key_range(std::int64_t slot, std::int64_t from, std::int64_t to) const { return range(k_, slot, from, to); }
-    tensor_view<const float, 3> value_range(std::int64_t slot, std::int64_t from, std::int64_t to) const { return range(v_, slot, from, to); }
+    /// stride d_h, head stride capacity·d_h), as KV (see keys). Throws shape_error unless first ≤ from ≤ to ≤ first +
+    /// capacity, dtype_error when KV is not the stored type.
+    template <class KV = float>
+    tensor_view<const KV, 3> key_range(std::int64_t slot, std::int64_t from, std::int64_t to) const {
+        return range(const_cast<kv_cache*>(this)->store<KV>(true), slot, from, to);
+    }
+    template <class KV = float>
+    tensor_view<const KV, 3> value_range(std::int64_t slot, std::int64_t from, std::int64_t to) const {
+        return range(const_cast<kv_cache*>(this)->store<KV>(false), slot, from, to);
+    }
+    /// Bytes of keys and values held (the allocated capacity of every slot).
+    std::int64_t bytes() const noexcept {
+        return 2 * n_slots_ * h_kv_ * cap_ * d_h_ * static_cast<std::int64_t>(dtype_size(dtype_));
+    }
 
 private:
     std::int64_t check(std::int64_t slot) const {
@@ -142,7 +190,30 @@ private:
             throw shape_error("kv_cache: slot " + std::to_string(slot) + " outside [0, " + std::to_string(n_slots_) + ")");
         return slot;
     }
-    tensor_view<float, 3> range(const tensor<float>& t, std::int64_t slot, std::int64_t from, std::int64_t to) const {
+    // The storage of element type KV (keys or values); dtype_error when the cache holds another type.
+    template <class KV>
+    tensor<KV>& store(bool keys_store) {
+        if (dtype_of_v<KV> != dtype_)
+            throw dtype_error("kv_cache: the cache stores " + std::string(dtype_name(dtype_)) + ", read as " +
+                              std::string(dtype_name(dtype_of_v<KV>)));
+        if constexpr (std::is_same_v<KV, float>)
+            return keys_store ? k_ : v_;
+        else if constexpr (std::is_same_v<KV, bf16>)
+            return keys_store ? kb_ : vb_;
+        else
+            return keys_store ? kh_ : vh_;
+    }
+    // f(keys, values) on the storage in use.
+    template <class F>
+    void each_store(F&& f) {
+        switch (dtype_) {
+            case dtype::bf16: f(kb_, vb_); break;
+            case dtype::f16: f(kh_, vh_); break;
+            default: f(k_, v_); break;
+        }
+    }
+    template <class KV>
+    tensor_view<KV, 3> range(const tensor<KV>& t, std::int64_t slot, std::int64_t from, std::int64_t to) const {
         const std::int64_t f = first(slot);
         if (from < f || to < from || to - f > cap_)
             throw shape_error("kv_cache: positions [" + std::to_string(from) + ", " + std::to_string(to) + ") outside the stored range [" +
@@ -150,34 +221,42 @@ private:
         return token_view(t, slot, from - f, to - from);
     }
     std::int64_t offset(std::int64_t slot, std::int64_t h) const { return ((slot * h_kv_) + h) * cap_ * d_h_; }
-    tensor_view<float, 3> slot_view(tensor<float>& t, std::int64_t slot) {
+    template <class KV>
+    tensor_view<KV, 3> slot_view(tensor<KV>& t, std::int64_t slot) {
         check(slot);
-        return tensor_view<float, 3>(t.data() + offset(slot, 0), {h_kv_, cap_, d_h_});
+        return tensor_view<KV, 3>(t.data() + offset(slot, 0), {h_kv_, cap_, d_h_});
     }
-    tensor_view<float, 3> token_view(const tensor<float>& t, std::int64_t slot, std::int64_t at, std::int64_t n) const {
+    template <class KV>
+    tensor_view<KV, 3> token_view(const tensor<KV>& t, std::int64_t slot, std::int64_t at, std::int64_t n) const {
         check(slot);
-        return tensor_view<float, 3>(const_cast<float*>(t.data()) + offset(slot, 0) + at * d_h_, {n, h_kv_, d_h_}, {d_h_, cap_ * d_h_, 1});
+        return tensor_view<KV, 3>(const_cast<KV*>(t.data()) + offset(slot, 0) + at * d_h_, {n, h_kv_, d_h_}, {d_h_, cap_ * d_h_, 1});
     }
     void reallocate(std::int64_t cap) {
-        tensor<float> k({n_slots_, h_kv_, cap, d_h_}), v({n_slots_, h_kv_, cap, d_h_});
-        for (std::int64_t s = 0; s < n_slots_; ++s)
-            for (std::int64_t h = 0; h < h_kv_; ++h) {
-                const std::int64_t n = (len_[static_cast<std::size_t>(s)] - off_[static_cast<std::size_t>(s)]) * d_h_;
-                const std::int64_t dst = ((s * h_kv_) + h) * cap * d_h_;
-                if (n > 0) {
-                    std::copy_n(k_.data() + offset(s, h), n, k.data() + dst);
-                    std::copy_n(v_.data() + offset(s, h), n, v.data() + dst);
+        each_store([&](auto& k_old, auto& v_old) {
+            using KV = typename std::remove_reference_t<decltype(k_old)>::value_type;
+            tensor<KV> k({n_slots_, h_kv_, cap, d_h_}), v({n_slots_, h_kv_, cap, d_h_});
+            for (std::int64_t s = 0; s < n_slots_; ++s)
+                for (std::int64_t h = 0; h < h_kv_; ++h) {
+                    const std::int64_t n = (len_[static_cast<std::size_t>(s)] - off_[static_cast<std::size_t>(s)]) * d_h_;
+                    const std::int64_t dst = ((s * h_kv_) + h) * cap * d_h_;
+                    if (n > 0) {
+                        std::copy_n(k_old.data() + offset(s, h), n, k.data() + dst);
+                        std::copy_n(v_old.data() + offset(s, h), n, v.data() + dst);
+                    }
                 }
-            }
-        k_ = std::move(k);
-        v_ = std::move(v);
+            k_old = std::move(k);
+            v_old = std::move(v);
+        });
         cap_ = cap;
     }
 
     std::int64_t n_slots_ = 0, h_kv_ = 0, d_h_ = 0, cap_ = 0;
+    dtype dtype_ = dtype::f32;
     std::vector<std::int64_t> len_;  // [S] positions seen per slot (n_past)
     std::vector<std::int64_t> off_;  // [S] first stored position per slot
-    tensor<float> k_, v_;            // [S, H_kv, capacity, d_h]
+    tensor<float> k_, v_;            // [S, H_kv, capacity, d_h] of an f32 cache (empty otherwise)
+    tensor<bf16> kb_, vb_;           // ... of a bf16 cache
+    tensor<f16> kh_, vh_;            // ... of an f16 cache
 };
 
 }  // namespace hymix

@@ -167,11 +167,20 @@ public:
     /// Mutable weights for the optimizer; nothing is cached from them (A = −exp(A_log) is derived per call).
     oryx_weights& weights_mut() noexcept { return w_; }
 
+    /// Stores the KV cache of states made from now on in `d` (f32, the default, or bf16 / f16: half the bytes an
+    /// attention read-out reads; see kv_cache). Throws config_error for another dtype.
+    void set_kv_dtype(dtype d) {
+        if (!kv_cache::supported(d))
+            throw config_error("oryx: the KV cache is stored in F32, BF16 or F16, not " + std::string(dtype_name(d)));
+        kv_dtype_ = d;
+    }
+    dtype kv_dtype() const noexcept { return kv_dtype_; }
+
     /// An empty state of n_slots slots (KV cache empty, linear and conv states zero).
     oryx_state make_state(std::int64_t n_slots) const {
         if (n_slots < 0) throw shape_error("oryx::make_state: negative slot count " + std::to_string(n_slots));
         oryx_state s;
-        s.kv = kv_cache(n_slots, cfg_.n_heads, cfg_.head_dim);
+        s.kv = kv_cache(n_slots, cfg_.n_heads, cfg_.head_dim, 0, kv_dtype_);
         s.lin = tensor<float>({n_slots, cfg_.n_heads, cfg_.head_dim, cfg_.head_dim});
         s.conv = tensor<float>({n_slots, cfg_.conv_dim(), cfg_.d_conv - 1});
         return s;
@@ -473,20 +482,24 @@ private:
                         tensor_view<const float, 3>(v.data + s.start * HD, {s.len, H, dh}));
         if (p.nq() > 0) {
             attention_queries(be, p, x, qa);
-            std::vector<kernels::attention_problem<float>> probs;
-            for (const auto& r : attention_runs(p)) {
-                const std::int64_t slot = p.seqs[static_cast<std::size_t>(r.seq)].slot, past = st.kv.length(slot);
-                kernels::attention_problem<float> pr;
-                pr.q = detail::oryx_heads(tensor_view<const float, 2>(qa), H, dh).slice(r.qi, r.e - r.t);
-                pr.k = st.kv.key_range(slot, st.kv.first(slot), past + r.e);
-                pr.v = st.kv.value_range(slot, st.kv.first(slot), past + r.e);
-                pr.o = detail::oryx_heads(o, H, dh).slice(r.r0 + r.t, r.e - r.t);
-                probs.push_back(pr);
-            }
-            if (decode)
-                ops::attention_decode(be, std::span<const kernels::attention_problem<float>>(probs), kernels::attention_params{});
-            else
-                ops::attention_prefill(be, std::span<const kernels::attention_problem<float>>(probs), kernels::attention_params{});
+            st.kv.with_kv_type([&](auto kv_tag) {  // problems over the cache's element type (f32, bf16 or f16)
+                using KV = decltype(kv_tag);
+                std::vector<kernels::attention_problem<float, KV>> probs;
+                for (const auto& r : attention_runs(p)) {
+                    const std::int64_t slot = p.seqs[static_cast<std::size_t>(r.seq)].slot, past = st.kv.length(slot);
+                    kernels::attention_problem<float, KV> pr;
+                    pr.q = detail::oryx_heads(tensor_view<const float, 2>(qa), H, dh).slice(r.qi, r.e - r.t);
+                    pr.k = st.kv.template key_range<KV>(slot, st.kv.first(slot), past + r.e);
+                    pr.v = st.kv.template value_range<KV>(slot, st.kv.first(slot), past + r.e);
+                    pr.o = detail::oryx_heads(o, H, dh).slice(r.r0 + r.t, r.e - r.t);
+                    probs.push_back(pr);
+                }
+                const std::span<const kernels::attention_problem<float, KV>> ps(probs);
+                if (decode)
+                    ops::attention_decode(be, ps, kernels::attention_params{});
+                else
+                    ops::attention_prefill(be, ps, kernels::attention_params{});
+            });
         }
         for (const auto& s : p.seqs) st.kv.set_length(s.slot, st.kv.length(s.slot) + s.len);
         output(be, p, o, g, qlp, y);
@@ -494,6 +507,7 @@ private:
 
     oryx_config cfg_;
     oryx_weights w_;
+    dtype kv_dtype_ = dtype::f32;  // storage of the KV cache of the states this layer makes
 };
 
 // ---- Training forward and backward ----------------------------------------------------------------------------

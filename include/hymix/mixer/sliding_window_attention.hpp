@@ -29,6 +29,8 @@ public:
     attention_weights& weights_mut() noexcept { return a_.weights_mut(); }
     std::int64_t window() const noexcept { return a_.config().sliding_window; }
     kv_cache make_state(std::int64_t n_slots) const { return a_.make_state(n_slots); }
+    /// The KV cache's storage (attention::set_kv_dtype).
+    void set_kv_dtype(dtype d) { a_.set_kv_dtype(d); }
 
     template <host_backend B, batch_like Batch>
     void forward(const B& be, kv_cache& st, const Batch& batch, tensor_view<const float, 2> x, tensor_view<float, 2> y) const {

@@ -61,6 +61,7 @@ struct any_stack {
                          bool last_only, std::span<const unsigned char> modes) const = 0;
     virtual const std::vector<block_stats>& stats(any_cache&) const = 0;
     virtual void store_weights_as(dtype) = 0;
+    virtual std::int64_t set_kv_dtype(dtype) = 0;
     virtual dtype weight_dtype() const = 0;
     virtual std::size_t weight_bytes() const = 0;
     virtual void set_entropy_routers(const std::vector<std::shared_ptr<const entropy_router>>&, const std::string& origin,
@@ -96,6 +97,7 @@ struct stack_holder final : any_stack<B> {
     }
     const std::vector<block_stats>& stats(any_cache& c) const override { return get(c).c.stats(); }
     void store_weights_as(dtype d) override { m.store_weights_as(d); }
+    std::int64_t set_kv_dtype(dtype d) override { return m.set_kv_dtype(d); }
     dtype weight_dtype() const override { return m.weight_dtype(); }
     std::size_t weight_bytes() const override { return m.weight_bytes(); }
     void set_entropy_routers(const std::vector<std::shared_ptr<const entropy_router>>& r, const std::string& origin,
@@ -224,6 +226,10 @@ public:
     /// kept exactly by bf16). Throws value_error naming the tensor where a value overflows f16 (nothing is converted
     /// then), config_error for another dtype.
     void store_weights_as(dtype d) { impl_->store_weights_as(d); }
+    /// Stores the KV cache of the attention-like layers in `d` (f32, bf16 or f16) in the caches made from now on
+    /// (model::set_kv_dtype): half the bytes a long-context decode step reads with bf16 / f16. Returns how many layers
+    /// it applies to. Throws config_error for another dtype.
+    std::int64_t set_kv_dtype(dtype d) { return impl_->set_kv_dtype(d); }
     /// The projection weights' storage type (f32 unless some are kept as bf16, f16 or i8; model::weight_dtype).
     dtype weight_dtype() const { return impl_->weight_dtype(); }
     /// Bytes the weights occupy in memory (model::weight_bytes): every parameter as stored (16-bit projections 2 bytes

@@ -1,12 +1,15 @@
 // Ops: causal softmax attention over a batch of independent problems (one per sequence; GQA by head groups,
 // bottom-right causal mask, optional sliding window; spec.md §2) — the tiled flash-style prefill and the split-K
 // decode — and RoPE on [T, H, d_h] (§2, rotate-half or interleaved, partial rotary). CPU: kernels/attention.hpp,
-// kernels/rope.hpp. Reference: kernels::attention_ref (materialised scores, fp64) and kernels::rope_ref.
+// kernels/rope.hpp. Reference: kernels::attention_ref (materialised scores, fp64) and kernels::rope_ref. Keys and
+// values may be stored in f32, bf16 or f16 (kv_attention_type: a 16-bit KV cache), widened exactly to fp32 when read.
 #pragma once
 
 #include <cstdint>
 #include <span>
+#include <type_traits>
 
+#include "hymix/core/dtype.hpp"
 #include "hymix/kernels/attention.hpp"
 #include "hymix/kernels/rope.hpp"
 #include "hymix/ops/common.hpp"
@@ -18,16 +21,20 @@ struct attention_prefill_op {};
 struct attention_decode_op {};
 struct rope_op {};
 
+/// Element types the attention ops read keys and values in.
+template <class KV>
+concept kv_attention_type = std::is_same_v<KV, float> || std::is_same_v<KV, bf16> || std::is_same_v<KV, f16>;
+
 /// Every problem's o (and lse when given) from its q, k, v; any query counts.
-template <backend B>
-void attention_prefill(const B& be, std::span<const kernels::attention_problem<float>> problems,
+template <backend B, kv_attention_type KV>
+void attention_prefill(const B& be, std::span<const kernels::attention_problem<float, KV>> problems,
                        const kernels::attention_params& prm) {
     dispatch<attention_prefill_op>(be, problems, prm);
 }
 
 /// As attention_prefill, for problems of one query each (decode steps; long contexts split over threads).
-template <backend B>
-void attention_decode(const B& be, std::span<const kernels::attention_problem<float>> problems,
+template <backend B, kv_attention_type KV>
+void attention_decode(const B& be, std::span<const kernels::attention_problem<float, KV>> problems,
                       const kernels::attention_params& prm) {
     dispatch<attention_decode_op>(be, problems, prm);
 }
@@ -44,14 +51,16 @@ void rope(const B& be, view_of<B, float, 3> x, std::span<const std::int64_t> pos
 
 template <class Arch>
 struct op_impl<ops::attention_prefill_op, basic_cpu_backend<Arch>> {
-    static void run(const basic_cpu_backend<Arch>& be, std::span<const kernels::attention_problem<float>> ps,
+    template <class KV>
+    static void run(const basic_cpu_backend<Arch>& be, std::span<const kernels::attention_problem<float, KV>> ps,
                     const kernels::attention_params& prm) {
         kernels::attention_prefill(be, ps, prm);
     }
 };
 template <class Arch>
 struct op_impl<ops::attention_decode_op, basic_cpu_backend<Arch>> {
-    static void run(const basic_cpu_backend<Arch>& be, std::span<const kernels::attention_problem<float>> ps,
+    template <class KV>
+    static void run(const basic_cpu_backend<Arch>& be, std::span<const kernels::attention_problem<float, KV>> ps,
                     const kernels::attention_params& prm) {
         kernels::attention_decode(be, ps, prm);
     }
@@ -69,7 +78,8 @@ struct op_impl<ops::rope_op, basic_cpu_backend<Arch>> {
 };
 
 namespace detail {
-inline void attention_reference_run(std::span<const kernels::attention_problem<float>> ps, const kernels::attention_params& prm) {
+template <class KV>
+void attention_reference_run(std::span<const kernels::attention_problem<float, KV>> ps, const kernels::attention_params& prm) {
     for (const auto& p : ps) {
         kernels::detail::attention_check(p, "attention (reference)");
         detail::f64_copy<3> q(p.q), k(p.k), v(p.v), o{tensor_view<const float, 3>(p.o)};
@@ -91,13 +101,17 @@ inline void attention_reference_run(std::span<const kernels::attention_problem<f
 
 template <>
 struct op_impl<ops::attention_prefill_op, reference_backend> {
-    static void run(const reference_backend&, std::span<const kernels::attention_problem<float>> ps, const kernels::attention_params& prm) {
+    template <class KV>
+    static void run(const reference_backend&, std::span<const kernels::attention_problem<float, KV>> ps,
+                    const kernels::attention_params& prm) {
         detail::attention_reference_run(ps, prm);
     }
 };
 template <>
 struct op_impl<ops::attention_decode_op, reference_backend> {
-    static void run(const reference_backend&, std::span<const kernels::attention_problem<float>> ps, const kernels::attention_params& prm) {
+    template <class KV>
+    static void run(const reference_backend&, std::span<const kernels::attention_problem<float, KV>> ps,
+                    const kernels::attention_params& prm) {
         detail::attention_reference_run(ps, prm);
     }
 };

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "hymix/backend/concepts.hpp"
@@ -40,7 +41,13 @@ struct f64_copy {
     tensor_view<double, R> v;
     template <class T>
     explicit f64_copy(tensor_view<T, R> src) : buf(static_cast<std::size_t>(src.numel())), v(buf.data(), src.shape) {
-        for_each_index(src.shape, [&](const std::array<std::int64_t, R>& i) { at(v, i) = static_cast<double>(at(src, i)); });
+        for_each_index(src.shape, [&](const std::array<std::int64_t, R>& i) {
+            const auto& x = at(src, i);
+            if constexpr (std::is_arithmetic_v<std::remove_cvref_t<decltype(x)>>)
+                at(v, i) = static_cast<double>(x);
+            else
+                at(v, i) = static_cast<double>(x.to_float());  // bf16 / f16: exact
+        });
     }
     /// Writes the values back (rounded to the destination's type).
     template <class T>

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <type_traits>
 
 #include <xsimd/xsimd.hpp>
 
@@ -75,6 +76,13 @@ void add_rows(const B& be, view_of<B, float, 2> x, view_of<B, const float, 2> y,
 /// dst = src for [A, B, C] views with unit inner stride (any outer strides): KV cache appends and layout changes.
 template <backend B>
 void copy(const B& be, view_of<B, const float, 3> src, view_of<B, float, 3> dst) {
+    dispatch<copy_op>(be, src, dst);
+}
+/// dst = src rounded to nearest even in a 16-bit type (bf16 or f16; NaN stays NaN, f16 overflow gives ±Inf), same
+/// layout rules: the appends of a 16-bit KV cache.
+template <backend B, class D>
+    requires(std::is_same_v<D, bf16> || std::is_same_v<D, f16>)
+void copy(const B& be, view_of<B, const float, 3> src, tensor_view<D, 3, typename B::memory_space> dst) {
     dispatch<copy_op>(be, src, dst);
 }
 
@@ -148,11 +156,16 @@ struct host_moves {
         for (std::int64_t r = r0; r < r1; ++r)
             if (!keep[static_cast<std::size_t>(r)]) std::fill_n(&y(r, 0), y.dim(1), 0.f);
     }
-    static void copy(tensor_view<const float, 3> src, tensor_view<float, 3> dst, std::int64_t a0, std::int64_t a1) {
+    template <class D>
+    static void copy(tensor_view<const float, 3> src, tensor_view<D, 3> dst, std::int64_t a0, std::int64_t a1) {
         const std::int64_t Bn = src.dim(1), C = src.dim(2);
         for (std::int64_t a = a0; a < a1; ++a)
-            for (std::int64_t b = 0; b < Bn; ++b)
-                std::memcpy(&dst(a, b, 0), &src(a, b, 0), sizeof(float) * static_cast<std::size_t>(C));
+            for (std::int64_t b = 0; b < Bn; ++b) {
+                if constexpr (std::is_same_v<D, float>)
+                    std::memcpy(&dst(a, b, 0), &src(a, b, 0), sizeof(float) * static_cast<std::size_t>(C));
+                else
+                    convert(&src(a, b, 0), &dst(a, b, 0), static_cast<std::size_t>(C));
+            }
     }
     /// Row counts, the table's width against x's, unit inner strides (rows are copied as contiguous runs).
     template <class T>
@@ -239,7 +252,8 @@ struct op_impl<ops::add_rows_op, basic_cpu_backend<Arch>> {
 };
 template <class Arch>
 struct op_impl<ops::copy_op, basic_cpu_backend<Arch>> {
-    static void run(const basic_cpu_backend<Arch>& be, tensor_view<const float, 3> src, tensor_view<float, 3> dst) {
+    template <class D>
+    static void run(const basic_cpu_backend<Arch>& be, tensor_view<const float, 3> src, tensor_view<D, 3> dst) {
         dst.require_shape(src.shape, "copy", "dst");
         detail::check_unit_inner(src.strides[2], src.dim(2), "copy", "src");
         detail::check_unit_inner(dst.strides[2], dst.dim(2), "copy", "dst");
@@ -318,7 +332,8 @@ struct op_impl<ops::add_rows_op, reference_backend> {
 };
 template <>
 struct op_impl<ops::copy_op, reference_backend> {
-    static void run(const reference_backend&, tensor_view<const float, 3> src, tensor_view<float, 3> dst) {
+    template <class D>
+    static void run(const reference_backend&, tensor_view<const float, 3> src, tensor_view<D, 3> dst) {
         dst.require_shape(src.shape, "copy", "dst");
         detail::check_unit_inner(src.strides[2], src.dim(2), "copy", "src");
         detail::check_unit_inner(dst.strides[2], dst.dim(2), "copy", "dst");

@@ -33,6 +33,7 @@
 #include "hymix/core/seq_batch.hpp"
 #include "hymix/core/linear_weight.hpp"
 #include "hymix/core/tensor.hpp"
+#include "hymix/mixer/kv_cache.hpp"
 #include "hymix/ops/elementwise.hpp"
 #include "hymix/ops/linear.hpp"
 #include "hymix/ops/norm.hpp"
@@ -226,6 +227,24 @@ public:
             std::visit([&](auto& blk) {
                 if constexpr (requires { blk.store_cached_weights_as(d); }) blk.store_cached_weights_as(d);
             }, b);
+    }
+    /// Stores the KV cache of every attention-like layer (softmax attention, AMOR blocks, Oryx) in `d` for the caches
+    /// made from now on (make_cache): f32, or bf16 / f16, half the bytes a decode step reads from the cache at long
+    /// context (keys and values rounded to nearest even once, when appended; every product and sum stays fp32).
+    /// Returns the number of layers it applies to (0 for a stack without attention). Throws config_error for another
+    /// dtype, before changing any layer.
+    std::int64_t set_kv_dtype(dtype d) {
+        if (!kv_cache::supported(d))
+            throw config_error("set_kv_dtype: the KV cache is stored in F32, BF16 or F16, not " + std::string(dtype_name(d)));
+        std::int64_t n = 0;
+        for (auto& b : blocks_)
+            std::visit([&](auto& blk) {
+                if constexpr (requires { blk.mixer_mut().set_kv_dtype(d); }) {
+                    blk.mixer_mut().set_kv_dtype(d);
+                    ++n;
+                }
+            }, b);
+        return n;
     }
     /// Bytes the weights occupy in memory: every parameter as stored (fp32, or the projections' bf16 / f16) plus what
     /// blocks derive from them (the MLPs' fused gate|up copy).

@@ -113,11 +113,7 @@ void attn_decode_kernel(benchmark::State& st, std::int64_t H, std::int64_t Hkv, 
     std::uint32_t r = 999;
     for (auto& v : kv.span()) {
         r = r * 1664525u + 1013904223u;
-        const float x = static_cast<float>(r >> 8) * (1.f / 16777216.f) - 0.5f;
-        if constexpr (std::is_same_v<KV, float>)
-            v = x;
-        else
-            v = KV::from_float(x);
+        v = hymix::bench::stored_as<KV>(static_cast<float>(r >> 8) * (1.f / 16777216.f) - 0.5f);
     }
     std::vector<float> o(static_cast<std::size_t>(B * H * dh));
     std::vector<hymix::kernels::attention_problem<float, KV>> probs(static_cast<std::size_t>(B));

@@ -1,17 +1,22 @@
 // Whole-model throughput on the shared checkpoints (../shared/models): prefill and decode tokens/s at batch 1 and 8,
 // and decode cost per token against context length (flat for recurrent stacks, growing linearly with the
 // attention layers' KV cache for the hybrid). FLOPs count 2 per weight per token (projections only; in prefill
-// the LM head's only for the last position, whose logits forward_last returns) plus, for attention layers, 4·H·d_h
-// per cached token; bytes count the fp32 weights read once per call.
+// the LM head's only for the last position, whose logits forward_last returns; an untied embedding is a lookup, no
+// FLOPs) plus, for attention layers, 4·H·d_h per cached token (H and d_h from config.json); bytes count the fp32
+// weights read once per call, less an untied embedding (a step reads only its B rows).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "hymix/models/auto_model.hpp"
 #include "peak.hpp"
@@ -23,14 +28,32 @@ std::filesystem::path shared_dir() {
     return std::filesystem::path(__FILE__).parent_path() / ".." / ".." / "shared";  // <repo>/../shared
 }
 
+/// A loaded checkpoint and what its counts need beyond model_info, read from its config.json (HF keys).
+struct loaded_model {
+    hymix::auto_model m;
+    double lookup_params = 0;  // the embedding's V·d when it is not the LM head (tie_word_embeddings false), else 0
+    double attn_width = 0;     // num_attention_heads · head_dim of an attention layer (0 without attention layers)
+    /// Parameters that cost 2 FLOPs per token and whose bytes a call reads: all but a lookup-only embedding.
+    double dense_params() const noexcept { return double(m.info().n_params) - lookup_params; }
+};
+
 /// Loaded once per process; null when the checkpoint is absent.
-const hymix::auto_model* get_model(const std::string& name) {
-    static std::map<std::string, std::unique_ptr<hymix::auto_model>> cache;
+const loaded_model* get_model(const std::string& name) {
+    static std::map<std::string, std::unique_ptr<loaded_model>> cache;
     auto it = cache.find(name);
     if (it != cache.end()) return it->second.get();
     const auto dir = shared_dir() / "models" / name;
-    std::unique_ptr<hymix::auto_model> m;
-    if (std::filesystem::exists(dir / "config.json")) m = std::make_unique<hymix::auto_model>(hymix::auto_model::load(dir));
+    std::unique_ptr<loaded_model> m;
+    if (std::filesystem::exists(dir / "config.json")) {
+        m = std::make_unique<loaded_model>(loaded_model{hymix::auto_model::load(dir)});
+        std::ifstream f(dir / "config.json");
+        const auto j = nlohmann::json::parse(f);
+        const auto& info = m->m.info();
+        // Both families' loaders default tie_word_embeddings to false (models/hf_mamba2.hpp, models/hf_qwen3_5.hpp).
+        if (!j.value("tie_word_embeddings", false)) m->lookup_params = double(info.vocab_size) * double(info.d_model);
+        if (std::count(info.layer_kinds.begin(), info.layer_kinds.end(), "attention") > 0)
+            m->attn_width = j.at("num_attention_heads").get<double>() * j.at("head_dim").get<double>();
+    }
     return (cache[name] = std::move(m)).get();
 }
 
@@ -43,19 +66,19 @@ std::vector<std::int32_t> random_bytes(std::size_t n, std::uint64_t seed) {
 }
 
 /// Attention FLOPs per new token at context n (QKᵀ and PV, multiply-add = 2) over the model's attention layers.
-double attention_flops_per_token(const hymix::auto_model& m, double n) {
-    int attn = 0;
-    for (const auto& k : m.info().layer_kinds) attn += k == "attention";
-    // The shared hybrid has 4 heads of 64 (spec: head_dim 64, num_attention_heads 4).
-    return attn * 4.0 * 4.0 * 64.0 * n;
+double attention_flops_per_token(const loaded_model& m, double n) {
+    const auto& kinds = m.m.info().layer_kinds;
+    const auto attn = static_cast<double>(std::count(kinds.begin(), kinds.end(), "attention"));
+    return attn * 4.0 * m.attn_width * n;
 }
 
 void prefill(benchmark::State& st, std::string name, std::int64_t batch) {
-    const auto* m = get_model(name);
-    if (!m) {
+    const auto* lm = get_model(name);
+    if (!lm) {
         st.SkipWithError("checkpoint not found: set HYMIX_SHARED to the shared/ directory");
         return;
     }
+    const hymix::auto_model* m = &lm->m;
     constexpr std::int64_t T = 512;
     const auto V = m->info().vocab_size;
     auto c = m->make_cache(batch);
@@ -70,17 +93,18 @@ void prefill(benchmark::State& st, std::string name, std::int64_t batch) {
     const double tokens = double(batch * T);
     // forward_last runs the LM head [V, d] for each sequence's last position only.
     const double head = double(V) * double(m->info().d_model);
-    const double flops = tokens * 2.0 * double(m->info().n_params) - (tokens - double(batch)) * 2.0 * head +
-                         batch * attention_flops_per_token(*m, T / 2.0) * T;
-    hymix::bench::report(st, tokens, flops, 4.0 * double(m->info().n_params), m->backend().num_threads());
+    const double flops = tokens * 2.0 * lm->dense_params() - (tokens - double(batch)) * 2.0 * head +
+                         batch * attention_flops_per_token(*lm, T / 2.0) * T;
+    hymix::bench::report(st, tokens, flops, 4.0 * lm->dense_params(), m->backend().num_threads());
 }
 
 void decode(benchmark::State& st, std::string name, std::int64_t batch, std::int64_t context) {
-    const auto* m = get_model(name);
-    if (!m) {
+    const auto* lm = get_model(name);
+    if (!lm) {
         st.SkipWithError("checkpoint not found: set HYMIX_SHARED to the shared/ directory");
         return;
     }
+    const hymix::auto_model* m = &lm->m;
     const auto V = m->info().vocab_size;
     auto c = m->make_cache(batch);
     // Prefill `context` tokens per slot in chunks of 2048 (chunking never changes results, only peak memory).
@@ -110,8 +134,8 @@ void decode(benchmark::State& st, std::string name, std::int64_t batch, std::int
     st.counters["context"] = double(context);
     st.counters["s/token"] = benchmark::Counter(double(batch) * double(steps), benchmark::Counter::kIsRate |
                                                                                      benchmark::Counter::kInvert);
-    const double flops = double(batch) * (2.0 * double(m->info().n_params) + attention_flops_per_token(*m, double(context)));
-    hymix::bench::report(st, double(batch), flops, 4.0 * double(m->info().n_params), m->backend().num_threads());
+    const double flops = double(batch) * (2.0 * lm->dense_params() + attention_flops_per_token(*lm, double(context)));
+    hymix::bench::report(st, double(batch), flops, 4.0 * lm->dense_params(), m->backend().num_threads());
 }
 
 const bool registered = [] {

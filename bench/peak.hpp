@@ -199,6 +199,15 @@ inline std::vector<float> random_vec(std::size_t n, std::uint64_t seed) {
     return v;
 }
 
+/// x stored as T: itself for float, rounded to nearest even for bf16 / f16 (T::from_float).
+template <class T>
+T stored_as(float x) {
+    if constexpr (std::is_same_v<T, float>)
+        return x;
+    else
+        return T::from_float(x);
+}
+
 /// Fills the first n tokens of `slot` of a KV cache (mixer/kv_cache.hpp's [H_kv, capacity, d_h] keys and values, in
 /// the cache's dtype) with finite values in [-0.5, 0.5) from the generator state r, and sets the slot's length to n: a
 /// long context for a decode benchmark without prefilling it (which would dominate the run). Reserves room for n + 1
@@ -208,17 +217,11 @@ void fill_kv_slot(KVCache& cache, std::int64_t slot, std::int64_t n, std::uint32
     cache.reserve(n + 1);
     cache.with_kv_type([&](auto tag) {
         using KV = decltype(tag);
-        const auto stored = [](float x) {
-            if constexpr (std::is_same_v<KV, float>)
-                return x;
-            else
-                return KV::from_float(x);
-        };
         auto k = cache.template keys<KV>(slot), v = cache.template values<KV>(slot);
         for (std::int64_t i = 0; i < k.numel(); ++i) {
             r = r * 1664525u + 1013904223u;
-            k.data[i] = stored(static_cast<float>(r >> 8) * (1.f / 16777216.f) - 0.5f);
-            v.data[i] = stored(static_cast<float>(r & 0xffffu) * (1.f / 65536.f) - 0.5f);
+            k.data[i] = stored_as<KV>(static_cast<float>(r >> 8) * (1.f / 16777216.f) - 0.5f);
+            v.data[i] = stored_as<KV>(static_cast<float>(r & 0xffffu) * (1.f / 65536.f) - 0.5f);
         }
     });
     cache.set_length(slot, n);

@@ -1,6 +1,6 @@
 // ops::linear_backward (kernels/linear_backward.hpp): the fp64 twin against central finite differences of the fp64
 // forward (spec.md §0, y = x Wᵀ + b); the CPU fp32 kernel on 1 and 2 threads against the reference backend on odd
-// sizes and strided views; = / += semantics, skipped outputs, bit-identical results for 1 and 2 threads, and
+// sizes and strided views (native, AVX2 and SSE2 tiles); = / += semantics, skipped outputs, bit-identical results for 1 and 2 threads, and
 // shape errors naming the argument.
 #include <doctest/doctest.h>
 
@@ -88,12 +88,16 @@ std::vector<float> dense(const std::vector<float>& v, std::int64_t rows, std::in
 
 }  // namespace
 
-TEST_CASE("linear_backward CPU fp32 (1 and 2 threads) matches the reference backend; odd sizes, strided views") {
+/// The CPU kernel of one architecture on 1 and 2 threads against the reference backend: odd sizes (tails of the
+/// SIMD width, of the register tile's rows and vectors), more than one pass of terms (N or M > 256), strided views.
+template <class Backend>
+void check_cpu_against_reference(const char* arch_name) {
+    CAPTURE(arch_name);
     const reference_backend ref;
     std::uint64_t seed = 1000;
     for (std::int64_t M : {1, 7, 33, 300})
-        for (std::int64_t N : {5, 19, 64, 130})
-            for (std::int64_t K : {5, 19, 64})
+        for (std::int64_t N : {5, 19, 64, 130, 300})
+            for (std::int64_t K : {5, 19, 64, 100})
                 for (std::int64_t pad : {0, 3}) {
                     CAPTURE(M);
                     CAPTURE(N);
@@ -105,7 +109,7 @@ TEST_CASE("linear_backward CPU fp32 (1 and 2 threads) matches the reference back
                     for (int threads : {1, 2}) {
                         CAPTURE(threads);
                         problem p(M, N, K, pad, seed);
-                        p.run(cpu_backend(threads));
+                        p.run(Backend(threads));
                         CHECK(test::rel_error(dense(p.dx, M, K, K + pad), dense(r.dx, M, K, K + pad)) < 1e-4);
                         CHECK(test::rel_error(dense(p.dw, N, K, K + pad), dense(r.dw, N, K, K + pad)) < 1e-4);
                         CHECK(test::rel_error(p.db, r.db) < 1e-4);
@@ -122,6 +126,12 @@ TEST_CASE("linear_backward CPU fp32 (1 and 2 threads) matches the reference back
                         }
                     }
                 }
+}
+
+TEST_CASE("linear_backward CPU fp32 (1 and 2 threads) matches the reference backend; odd sizes, strided views") {
+    check_cpu_against_reference<cpu_backend>("native");
+    if constexpr (xsimd::avx2::supported()) check_cpu_against_reference<basic_cpu_backend<xsimd::avx2>>("avx2");
+    if constexpr (xsimd::sse2::supported()) check_cpu_against_reference<basic_cpu_backend<xsimd::sse2>>("sse2");
 }
 
 TEST_CASE("linear_backward on the reference backend equals linear_backward_ref on fp64 copies") {

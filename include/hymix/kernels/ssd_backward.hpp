@@ -38,6 +38,7 @@
 #include "hymix/core/error.hpp"
 #include "hymix/core/tensor.hpp"
 #include "hymix/kernels/chunk_layout.hpp"
+#include "hymix/kernels/linear_backward.hpp"
 #include "hymix/kernels/ssd.hpp"
 #include "hymix/kernels/view_checks.hpp"
 
@@ -273,7 +274,8 @@ private:
 /// (dstates [n_chunks, H, P, N]) and writes dstate0. One GEMM of P·N·L per chunk and sweep; each result is written
 /// straight into its slot (the last chunk's leaving state and, without dstate0, the first chunk's entering-state
 /// gradient are never needed, so never computed).
-inline void ssd_bwd_state_sweep(const ssd_inputs<float>& in, const chunk_layout& chunks, std::int64_t s, std::int64_t h,
+template <class Arch>
+void ssd_bwd_state_sweep(const ssd_inputs<float>& in, const chunk_layout& chunks, std::int64_t s, std::int64_t h,
                                 const ssd_backward_sequence<float>& seq, tensor_view<const float, 3> dy, float* states,
                                 float* dstates, ssd_scratch& w) {
     const std::int64_t H = in.n_heads(), P = in.head_dim(), N = in.d_state(), PN = P * N, g = h / (H / in.n_groups());
@@ -305,11 +307,11 @@ inline void ssd_bwd_state_sweep(const ssd_inputs<float>& in, const chunk_layout&
         ssd_cumsum_tile(in, h, r, L, w.alpha.data());
         for (std::int64_t t = 0; t < L; ++t) w.decay[t] = static_cast<float>(std::exp(std::min(w.alpha[static_cast<std::size_t>(t)], 0.0)));
         const ssd_cmap dYm(&dy(r, h, 0), L, P, Eigen::OuterStride<>(dy.strides[0]));
-        const ssd_cmap Cm(&in.C(r, g, 0), L, N, Eigen::OuterStride<>(in.C.strides[0]));
         auto Yd = w.Tmp.topRows(L);
         Yd.noalias() = w.decay.head(L).asDiagonal() * dYm;
+        // dH [P, N] = Ydᵀ C: A(p, t) = Yd[t, p], B = C's rows (the backward's row-panel product, no packing).
+        backward_product<Arch>(Yd.data(), 1, Yd.outerStride(), &in.C(r, g, 0), in.C.strides[0], out, N, P, N, L, false);
         ssd_map dH(out, P, N, Eigen::OuterStride<>(N));
-        dH.noalias() = Yd.transpose() * Cm;
         dH += state_decay(w.alpha[static_cast<std::size_t>(L - 1)]) * ssd_cmap(slot(dstates, k), P, N, Eigen::OuterStride<>(N));
     }
 }
@@ -384,7 +386,7 @@ void ssd_bwd_chunk_group(const ssd_inputs<float>& in, const chunk_layout& chunks
             UW.middleCols((h - g * hpg) * P, P).noalias() = w.wl.head(L).asDiagonal() * U;
         }
         if (!h_zero) {
-            T1.noalias() = dYm * Hk;
+            backward_product<Arch>(dYm.data(), dy.strides[0], 1, Hk.data(), N, T1.data(), T1.outerStride(), L, N, P, false);  // dY H
             for (std::int64_t i = 0; i < L; ++i) da[i] += static_cast<double>(w.eal[i]) * T1.row(i).dot(Cm.row(i));
             if (!ds_zero) da[L - 1] += static_cast<double>(state_decay(a_last)) * static_cast<double>((dS.cwiseProduct(Hk)).sum());
             dCt.noalias() += w.eal.head(L).asDiagonal() * T1;
@@ -425,7 +427,8 @@ void ssd_bwd_chunk_group(const ssd_inputs<float>& in, const chunk_layout& chunks
         if (ds_zero)
             dBm.setZero();
         else
-            dBm.noalias() = UW * dS_group;
+            backward_product<Arch>(UW.data(), UW.outerStride(), 1, dS_group.data(), N, dBm.data(), gr.dB.strides[0], L, N, hpg * P,
+                                   false);  // UW dS_group
         dBm.noalias() += dCB.template triangularView<Eigen::Lower>().transpose() * Cm;
     }
 }
@@ -463,7 +466,7 @@ void ssd_chunked_backward(const Backend& be, const ssd_inputs<float>& in, std::s
         detail::ssd_scratch w(std::max<std::int64_t>(W, 1), P, N);
         for (std::int64_t i = i0; i < i1; ++i) {
             const std::int64_t s = i / H, h = i % H;
-            detail::ssd_bwd_state_sweep(in, chunks, s, h, seqs[static_cast<std::size_t>(s)], dy, states, dstates, w);
+            detail::ssd_bwd_state_sweep<Arch>(in, chunks, s, h, seqs[static_cast<std::size_t>(s)], dy, states, dstates, w);
         }
     });
     if (n_chunks == 0) return;

@@ -1,5 +1,5 @@
 // Op: backward of the dense projection y = x Wᵀ + b (spec.md §0): dx = dy · W (=), dW += dyᵀ · x, db += Σ dy.
-// CPU: kernels::linear_backward (Eigen GEMMs over fixed blocks, deterministic). Reference: fp64 loops.
+// CPU: kernels::linear_backward (xsimd register tiles over fixed blocks, deterministic). Reference: fp64 loops.
 #pragma once
 
 #include <cstdint>

@@ -35,7 +35,7 @@ fi
 echo "== hymix info"
 "$tool" info --model "$model"
 echo
-echo "== hymix score: held-out KJV bytes [4083327, +131072), window 512 (README of shared/models gives the reference)"
+echo "== hymix score: held-out KJV bytes [4083327, +131072), window 512 (the protocol of shared/models/README.md; models/kjv-tiny-hybrid/README.md gives the default model's figure)"
 "$tool" score --model "$model" --text "$text" --offset 4083327 --bytes 131072 --window 512 --full-windows
 echo
 echo "== hymix generate: greedy continuation of a held-out verse"

@@ -1,5 +1,6 @@
 // Command-line value checks for the `hymix` tool: whole numbers and decimals within a stated range, with messages
-// that quote the value and the range in plain words (no raw library text, no 300-digit limits).
+// that quote the value and the range in plain words (no raw library text, no 300-digit limits); C escapes in
+// strings typed on a command line (--stop "\n\n").
 #pragma once
 
 #include <charconv>
@@ -34,6 +35,45 @@ inline CLI::Validator whole(std::int64_t lo, std::int64_t hi, const std::string&
             return {};
         },
         "");  // the range is part of the option's description (see add_* in hymix.cpp)
+}
+
+/// `s` with the C escapes \n \r \t \\ \" \' and \xHH (two hex digits: any byte) resolved, as a shell passes
+/// them on when they are typed without $'...' quoting (--stop "\n\n"). Returns an error message for a backslash
+/// not followed by one of those (quoting the string), else an empty string, `out` holding the result.
+inline std::string unescape(const std::string& s, std::string& out) {
+    out.clear();
+    const auto hex = [](char c) {
+        return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    };
+    for (std::size_t i = 0; i < s.size(); ++i) {
+        if (s[i] != '\\') {
+            out += s[i];
+            continue;
+        }
+        const char e = i + 1 < s.size() ? s[i + 1] : '\0';
+        switch (e) {
+            case 'n': out += '\n'; break;
+            case 'r': out += '\r'; break;
+            case 't': out += '\t'; break;
+            case '\\': out += '\\'; break;
+            case '"': out += '"'; break;
+            case '\'': out += '\''; break;
+            case 'x':
+                if (i + 3 < s.size() && hex(s[i + 2]) >= 0 && hex(s[i + 3]) >= 0) {
+                    out += static_cast<char>(hex(s[i + 2]) * 16 + hex(s[i + 3]));
+                    i += 2;
+                    break;
+                }
+                [[fallthrough]];
+            default: {
+                const std::string shown = s.size() > 40 ? s.substr(0, 37) + "..." : s;
+                return "'" + shown + "': unknown escape at byte " + std::to_string(i) +
+                       " (known: \\n \\r \\t \\\\ \\\" \\' \\xHH; a backslash itself is \\\\)";
+            }
+        }
+        ++i;
+    }
+    return {};
 }
 
 /// An unsigned 64-bit number (random seeds).

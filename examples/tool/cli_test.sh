@@ -96,6 +96,7 @@ args)
     expect 1 "--temperature: 'hot' is not a number" generate -m "$tiny" -p x --temperature hot
     expect 1 "--seed: '-5' is not a seed" generate -m "$tiny" -p x --seed -5
     expect 1 "--stop: stop strings must not be empty" generate -m "$tiny" -p x --stop ""
+    expect 1 "--stop: 'a\\\\q': unknown escape at byte 1" generate -m "$tiny" -p x --stop 'a\q'
     expect 1 "--prompt excludes --file" generate -m "$tiny" -p x -f /dev/null
     ;;
 nonfinite)
@@ -145,10 +146,14 @@ generate)
     # A stop string taken from the greedy continuation ends the generation right after its first occurrence.
     stop=$(tail -c +17 "$work/greedy1" | head -c 5 | tail -c 2)
     if [ "${#stop}" = 2 ]; then  # (not when it holds a NUL or ends in a newline, which the shell drops)
-        expect 0 "stopped: stop string" generate -m "$tiny" -p "In the beginning" -n 20 --temperature 0 --stop "$stop"
+        # The same string typed with escapes: a backslash doubled, and as two \xHH bytes.
+        expect 0 "stopped: stop string" generate -m "$tiny" -p "In the beginning" -n 20 --temperature 0 --stop "${stop//\\/\\\\}"
         want=$(tail -c +17 "$work/greedy1" | head -c 20)
         want=${want%%"$stop"*}$stop
         [ "$(tail -c +17 "$work/out")" = "$want" ] || { echo "FAIL: --stop '$stop' should end the text after it"; failures=$((failures + 1)); }
+        hexed=$(printf '%s' "$stop" | od -An -tx1 | tr -d ' \n' | sed 's/../\\x&/g')
+        expect 0 "stopped: stop string" generate -m "$tiny" -p "In the beginning" -n 20 --temperature 0 --stop "$hexed"
+        [ "$(tail -c +17 "$work/out")" = "$want" ] || { echo "FAIL: --stop '$hexed' should end the text after '$stop'"; failures=$((failures + 1)); }
     else
         echo "note: no usable 2-byte stop string in the greedy text; --stop is covered by tests/text"
     fi

@@ -352,8 +352,18 @@ struct command_line {
         seed_opt = gen->add_option("--seed,-s", seed, "random seed, 0 to 2^64 - 1")
                        ->check(tool::cli::seed_value())
                        ->default_str("random, printed");
-        gen->add_option("--stop", g.stop, "stop once the generated text contains this string (repeatable; it is printed)")
-            ->check(CLI::Validator([](std::string& v) { return v.empty() ? std::string("stop strings must not be empty") : std::string(); }, ""))
+        gen->add_option("--stop", g.stop,
+                        "stop once the generated text contains this string (repeatable; it is printed; C escapes \\n \\r \\t \\\\ \\xHH are "
+                        "resolved)")
+            ->transform(CLI::Validator(
+                [](std::string& v) {
+                    std::string out;
+                    if (auto err = tool::cli::unescape(v, out); !err.empty()) return err;
+                    if (out.empty()) return std::string("stop strings must not be empty");
+                    v = out;
+                    return std::string();
+                },
+                ""))
             ->default_str("none");
         gen->add_option("--ubatch,-u", g.ubatch, "prompt tokens per forward call, 1 to 1048576 (the prefill chunk: bounds activation memory)")
             ->check(whole(1, 1 << 20));

@@ -32,7 +32,7 @@ std::filesystem::path shared_dir() {
 struct loaded_model {
     hymix::auto_model m;
     double lookup_params = 0;  // the embedding's V·d when it is not the LM head (tie_word_embeddings false), else 0
-    double attn_width = 0;     // num_attention_heads · head_dim of an attention layer (0 without attention layers)
+    double attn_flops = 0;     // attention FLOPs per new token per cached token: 4 · n_attention_layers · num_attention_heads · head_dim
     /// Parameters that cost 2 FLOPs per token and whose bytes a call reads: all but a lookup-only embedding.
     double dense_params() const noexcept { return double(m.info().n_params) - lookup_params; }
 };
@@ -51,8 +51,9 @@ const loaded_model* get_model(const std::string& name) {
         const auto& info = m->m.info();
         // Both families' loaders default tie_word_embeddings to false (models/hf_mamba2.hpp, models/hf_qwen3_5.hpp).
         if (!j.value("tie_word_embeddings", false)) m->lookup_params = double(info.vocab_size) * double(info.d_model);
-        if (std::count(info.layer_kinds.begin(), info.layer_kinds.end(), "attention") > 0)
-            m->attn_width = j.at("num_attention_heads").get<double>() * j.at("head_dim").get<double>();
+        // QKᵀ and PV, a multiply-add counted as 2: 4 · H · d_h per cached token and attention layer.
+        if (const auto n_attn = std::count(info.layer_kinds.begin(), info.layer_kinds.end(), "attention"); n_attn > 0)
+            m->attn_flops = 4.0 * double(n_attn) * j.at("num_attention_heads").get<double>() * j.at("head_dim").get<double>();
     }
     return (cache[name] = std::move(m)).get();
 }
@@ -63,13 +64,6 @@ std::vector<std::int32_t> random_bytes(std::size_t n, std::uint64_t seed) {
     std::vector<std::int32_t> v(n);
     for (auto& x : v) x = d(g);
     return v;
-}
-
-/// Attention FLOPs per new token at context n (QKᵀ and PV, multiply-add = 2) over the model's attention layers.
-double attention_flops_per_token(const loaded_model& m, double n) {
-    const auto& kinds = m.m.info().layer_kinds;
-    const auto attn = static_cast<double>(std::count(kinds.begin(), kinds.end(), "attention"));
-    return attn * 4.0 * m.attn_width * n;
 }
 
 void prefill(benchmark::State& st, std::string name, std::int64_t batch) {
@@ -94,7 +88,7 @@ void prefill(benchmark::State& st, std::string name, std::int64_t batch) {
     // forward_last runs the LM head [V, d] for each sequence's last position only.
     const double head = double(V) * double(m->info().d_model);
     const double flops = tokens * 2.0 * lm->dense_params() - (tokens - double(batch)) * 2.0 * head +
-                         batch * attention_flops_per_token(*lm, T / 2.0) * T;
+                         batch * lm->attn_flops * (T / 2.0) * T;
     hymix::bench::report(st, tokens, flops, 4.0 * lm->dense_params(), m->backend().num_threads());
 }
 
@@ -134,7 +128,7 @@ void decode(benchmark::State& st, std::string name, std::int64_t batch, std::int
     st.counters["context"] = double(context);
     st.counters["s/token"] = benchmark::Counter(double(batch) * double(steps), benchmark::Counter::kIsRate |
                                                                                      benchmark::Counter::kInvert);
-    const double flops = double(batch) * (2.0 * lm->dense_params() + attention_flops_per_token(*lm, double(context)));
+    const double flops = double(batch) * (2.0 * lm->dense_params() + lm->attn_flops * double(context));
     hymix::bench::report(st, double(batch), flops, 4.0 * lm->dense_params(), m->backend().num_threads());
 }
 

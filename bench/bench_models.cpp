@@ -28,10 +28,11 @@ std::filesystem::path shared_dir() {
     return std::filesystem::path(__FILE__).parent_path() / ".." / ".." / "shared";  // <repo>/../shared
 }
 
-/// A loaded checkpoint and what its counts need beyond model_info, read from its config.json (HF keys).
+/// A loaded checkpoint and what its counts need beyond model_info (the attention layers' sizes, read from its
+/// config.json: HF keys).
 struct loaded_model {
     hymix::auto_model m;
-    double lookup_params = 0;  // the embedding's V·d when it is not the LM head (tie_word_embeddings false), else 0
+    double lookup_params = 0;  // the embedding's V·d when it is not the LM head (model_info::tie_embeddings false), else 0
     double attn_flops = 0;     // attention FLOPs per new token per cached token: 4 · n_attention_layers · num_attention_heads · head_dim
     /// Parameters that cost 2 FLOPs per token and whose bytes a call reads: all but a lookup-only embedding.
     double dense_params() const noexcept { return double(m.info().n_params) - lookup_params; }
@@ -49,8 +50,7 @@ const loaded_model* get_model(const std::string& name) {
         std::ifstream f(dir / "config.json");
         const auto j = nlohmann::json::parse(f);
         const auto& info = m->m.info();
-        // Both families' loaders default tie_word_embeddings to false (models/hf_mamba2.hpp, models/hf_qwen3_5.hpp).
-        if (!j.value("tie_word_embeddings", false)) m->lookup_params = double(info.vocab_size) * double(info.d_model);
+        if (!info.tie_embeddings) m->lookup_params = double(info.vocab_size) * double(info.d_model);
         // QKᵀ and PV, a multiply-add counted as 2: 4 · H · d_h per cached token and attention layer.
         if (const auto n_attn = std::count(info.layer_kinds.begin(), info.layer_kinds.end(), "attention"); n_attn > 0)
             m->attn_flops = 4.0 * double(n_attn) * j.at("num_attention_heads").get<double>() * j.at("head_dim").get<double>();

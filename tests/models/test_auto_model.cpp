@@ -79,6 +79,7 @@ TEST_CASE("auto_model: model_info of the shared checkpoints") {
     CHECK(a.info().vocab_size == 256);
     CHECK(a.info().schedule == "MMMMMM");
     CHECK(a.info().layer_kinds == std::vector<std::string>(6, "mamba2"));
+    CHECK(!a.info().tie_embeddings);  // the shared checkpoints keep a separate lm_head
     const auto g = auto_model::load(model_dir("kjv-gdn-byte"), 1);
     CHECK(g.info().n_params == 4490928);
     CHECK(g.info().schedule == "GGGGGG");

@@ -203,6 +203,7 @@ TEST_CASE("tying: an untied config without lm_head.weight fails naming the key; 
     CHECK(log.seen.empty());
     const auto diff = write_checkpoint("tied_diff", tied_cfg, qwen_tensors());
     const auto m_diff = auto_model::load(diff, 1);
+    CHECK(m_diff.info().tie_embeddings);  // model_info says which head the model uses
     REQUIRE(log.seen.size() == 1);
     CHECK(contains(log.seen[0], (diff / "config.json").string() + ": key 'tie_word_embeddings' = true"));
     CHECK(contains(log.seen[0], "differs from the embedding 'model.embed_tokens.weight'"));

@@ -23,6 +23,7 @@
 #include "hymix/core/seq_batch.hpp"
 #include "hymix/core/tensor.hpp"
 #include "hymix/kernels/chunk_layout.hpp"
+#include "hymix/kernels/tile_product.hpp"
 #include "hymix/kernels/view_checks.hpp"
 
 namespace hymix::kernels {
@@ -298,39 +299,47 @@ inline void gdn_solve_tile(const_row_map A, const_row_map K, const_row_map V, co
     unit_lower_solve(A, U);
 }
 
-/// Stage gdn_state_pass, first half for one chunk: V_new = U − W S, S [d_k, d_v] the state entering the chunk.
-inline void gdn_new_values_tile(const_row_map W, const_row_map U, const float* S, row_map Vn) {
-    const Eigen::Map<const row_matrix> Sm(S, W.cols(), U.cols());
-    Vn = U;
-    Vn.noalias() -= W * Sm;
+/// Stage gdn_state_pass, first half for one chunk: V_new = U − W S, S [d_k, d_v] the state entering the chunk. W·S is
+/// a register-tile product (tile_product.hpp) reading W's rows and S's rows where they lie.
+template <class Arch>
+void gdn_new_values_tile(const_row_map W, const_row_map U, const float* S, row_map Vn) {
+    const std::int64_t n = W.rows(), dk = W.cols(), dv = U.cols();
+    tile_product<Arch>(W.data(), W.outerStride(), 1, S, dv, Vn.data(), Vn.outerStride(), n, dv, dk, false);
+    for (std::int64_t i = 0; i < n; ++i) {
+        const float* u = U.data() + i * U.outerStride();
+        float* vn = &Vn(i, 0);
+        for (std::int64_t j = 0; j < dv; ++j) vn[j] = u[j] - vn[j];
+    }
 }
 
 /// Stage gdn_state_pass, second half: S ← e^{γ_last} S + (K ⊙ Γ_{last, ·})ᵀ V_new (exp(γ_last − γ_j) = Γ_{last, j}).
-inline void gdn_state_update_tile(float* S, const_row_map K, const row_matrix& gm, float eg_last, const_row_map Vn, row_matrix& kd) {
-    const std::int64_t n = K.rows();
-    Eigen::Map<row_matrix> Sm(S, K.cols(), Vn.cols());
+/// The product reads the decayed keys down their columns (Aᵀ at no cost) against V_new's rows; it is summed from zero
+/// and added to the scaled state once.
+template <class Arch>
+void gdn_state_update_tile(float* S, const_row_map K, const row_matrix& gm, float eg_last, const_row_map Vn, row_matrix& kd) {
+    const std::int64_t n = K.rows(), dk = K.cols(), dv = Vn.cols();
     for (std::int64_t i = 0; i < n; ++i) kd.row(i) = gm(n - 1, i) * K.row(i);
-    Sm *= eg_last;
-    Sm.noalias() += kd.topRows(n).transpose() * Vn;
+    for (std::int64_t i = 0; i < dk * dv; ++i) S[i] *= eg_last;
+    tile_product<Arch>(kd.data(), 1, kd.outerStride(), Vn.data(), Vn.outerStride(), S, dv, dk, dv, n, true);
 }
 
 /// Stage gdn_chunk_output, one (chunk, head): O = (scale·Q ⊙ e^γ) S + (scale·tril(Q Kᵀ) ⊙ Γ) V_new, written in place,
-/// S [d_k, d_v] the state entering the chunk.
-inline void gdn_output_tile(const_row_map Q, const_row_map K, const row_matrix& gm, const float* eg, float scale, const float* S,
-                            const_row_map Vn, row_map O, gdn_scratch& w) {
-    const std::int64_t n = Q.rows();
-    const Eigen::Map<const row_matrix> Sm(S, Q.cols(), Vn.cols());
+/// S [d_k, d_v] the state entering the chunk. The read-out of S and the intra-chunk term are register-tile products
+/// (the second lower-triangular: entries above the diagonal never read); Q Kᵀ stays an Eigen product.
+template <class Arch>
+void gdn_output_tile(const_row_map Q, const_row_map K, const row_matrix& gm, const float* eg, float scale, const float* S,
+                     const_row_map Vn, row_map O, gdn_scratch& w) {
+    const std::int64_t n = Q.rows(), dk = Q.cols(), dv = Vn.cols();
     for (std::int64_t i = 0; i < n; ++i) w.kd.row(i) = (scale * eg[i]) * Q.row(i);
-    O.noalias() = w.kd.topRows(n) * Sm;
+    tile_product<Arch>(w.kd.data(), w.kd.outerStride(), 1, S, dv, O.data(), O.outerStride(), n, dv, dk, false);
     w.kk.topLeftCorner(n, n).noalias() = Q * K.transpose();
     for (std::int64_t i = 0; i < n; ++i) {
         const float* qki = &w.kk(i, 0);
         const float* gmi = &gm(i, 0);
         float* pi = &w.p(i, 0);
         for (std::int64_t j = 0; j <= i; ++j) pi[j] = scale * qki[j] * gmi[j];
-        std::fill(pi + i + 1, pi + n, 0.f);
     }
-    O.noalias() += w.p.topLeftCorner(n, n).triangularView<Eigen::Lower>() * Vn;
+    tile_product_lower<Arch>(w.p.data(), w.p.outerStride(), 1, Vn.data(), Vn.outerStride(), O.data(), O.outerStride(), n, dv, true);
 }
 
 /// The head dimensions of a stage call, from its q/k and v views; H_v a positive multiple of H_k (config_error).
@@ -505,6 +514,7 @@ void gdn_state_pass(const Backend& be, const seq_batch& batch, const chunk_layou
     detail::gdn_check_layout_batch(batch, chunks, who);
     detail::gdn_check_g_rows(chunks, g, who);
     detail::for_each_chunked_seq_head(be, chunks, d.Hv, [&](std::int64_t b, std::int64_t e, auto item) {
+    using Arch = typename Backend::arch;
         detail::gdn_scratch w(chunks.width(), d.dk, 0);
         for (std::int64_t i = b; i < e; ++i) {
             const auto [s, hv] = item(i);
@@ -513,8 +523,8 @@ void gdn_state_pass(const Backend& be, const seq_batch& batch, const chunk_layou
                 const std::int64_t t = chunks.row(c), n = chunks.length(c);
                 std::copy_n(S, d.dk * d.dv, &chunk_states(c, hv, 0, 0));
                 detail::gdn_decay_mask_tile(g, t, hv, n, w.gm);
-                detail::gdn_new_values_tile(detail::rows_of(W, t, hv, n), detail::rows_of(U, t, hv, n), S, detail::rows_of(v_new, t, hv, n));
-                detail::gdn_state_update_tile(S, detail::rows_of(k, t, hv / (d.Hv / d.Hk), n), w.gm, detail::decay_factor(gamma(t + n - 1, hv)),
+                detail::gdn_new_values_tile<Arch>(detail::rows_of(W, t, hv, n), detail::rows_of(U, t, hv, n), S, detail::rows_of(v_new, t, hv, n));
+                detail::gdn_state_update_tile<Arch>(S, detail::rows_of(k, t, hv / (d.Hv / d.Hk), n), w.gm, detail::decay_factor(gamma(t + n - 1, hv)),
                                               detail::rows_of(tensor_view<const float, 3>(v_new), t, hv, n), w.kd);
             }
         }
@@ -544,12 +554,13 @@ void gdn_chunk_output(const Backend& be, const chunk_layout& chunks,
     detail::require_dense_matrices(chunk_states, who, "chunk_states [n_chunks, H_v, d_k, d_v]");
     detail::gdn_check_g_rows(chunks, g, who);
     be.parallel_for(chunks.n_chunks() * d.Hv, 1, [&](std::int64_t i0, std::int64_t i1) {
+    using Arch = typename Backend::arch;
         detail::gdn_scratch w(chunks.width(), d.dk, 0);
         for (std::int64_t i = i0; i < i1; ++i) {
             const std::int64_t c = i / d.Hv, hv = i % d.Hv, hk = hv / (d.Hv / d.Hk), t = chunks.row(c), n = chunks.length(c);
             for (std::int64_t j = 0; j < n; ++j) w.eg[static_cast<std::size_t>(j)] = detail::decay_factor(gamma(t + j, hv));
             detail::gdn_decay_mask_tile(g, t, hv, n, w.gm);
-            detail::gdn_output_tile(detail::rows_of(q, t, hk, n), detail::rows_of(k, t, hk, n), w.gm, w.eg.data(), scale,
+            detail::gdn_output_tile<Arch>(detail::rows_of(q, t, hk, n), detail::rows_of(k, t, hk, n), w.gm, w.eg.data(), scale,
                                     &chunk_states(c, hv, 0, 0), detail::rows_of(v_new, t, hv, n), detail::rows_of(o, t, hv, n), w);
         }
     });
@@ -816,6 +827,7 @@ void gated_delta_rule_chunked(const Backend& be, const seq_batch& batch,
                               tensor_view<float, 4> state,  // [S, H_v, d_k, d_v] in/out
                               tensor_view<float, 3> o,      // [n_rows, H_v, d_v]
                               std::int64_t chunk = 64) {
+    using Arch = typename Backend::arch;
     detail::check_gated_delta_args<float>(batch, q, k, v, g, beta, state, o, "gated_delta_rule_chunked");
     if (chunk < 1) throw config_error("gated_delta_rule_chunked: chunk size must be >= 1, found " + std::to_string(chunk));
     const std::int64_t Hk = q.dim(1), dk = q.dim(2), Hv = v.dim(1), dv = v.dim(2), r = Hv / Hk;
@@ -846,9 +858,9 @@ void gated_delta_rule_chunked(const Backend& be, const seq_batch& batch,
                 detail::gdn_decay_mask_tile(g, t, hv, n, w.gm);
                 detail::gdn_wy_tile(K, w.bet.data(), w.gm, A, w.kk);
                 detail::gdn_solve_tile(detail::as_const(A), K, detail::rows_of(v, t, hv, n), w.bet.data(), w.eg.data(), Wm, U);
-                detail::gdn_new_values_tile(detail::as_const(Wm), detail::as_const(U), S, Vn);
-                detail::gdn_output_tile(Q, K, w.gm, w.eg.data(), scale, S, detail::as_const(Vn), detail::rows_of(o, t, hv, n), w);
-                detail::gdn_state_update_tile(S, K, w.gm, w.eg[static_cast<std::size_t>(n - 1)], detail::as_const(Vn), w.kd);
+                detail::gdn_new_values_tile<Arch>(detail::as_const(Wm), detail::as_const(U), S, Vn);
+                detail::gdn_output_tile<Arch>(Q, K, w.gm, w.eg.data(), scale, S, detail::as_const(Vn), detail::rows_of(o, t, hv, n), w);
+                detail::gdn_state_update_tile<Arch>(S, K, w.gm, w.eg[static_cast<std::size_t>(n - 1)], detail::as_const(Vn), w.kd);
             }
         }
     });

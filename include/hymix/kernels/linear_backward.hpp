@@ -1,10 +1,9 @@
 // Backward of the dense projection y = x Wᵀ + b (spec.md §0, nn.Linear layout W [N, K]): with the upstream
 // gradient dy [M, N], dx = dy · W (overwritten), dW += dyᵀ · x and db += Σ_rows dy (accumulated: gradient
 // accumulation and tied weights). CPU fp32: both products are C += A · B with B's rows contiguous (W's rows for dx,
-// x's rows for dW), so one xsimd register-tile kernel serves both without packing or transposing anything: each
-// step broadcasts R values of A (R rows of dy for dx; R consecutive entries of a dy row for dW) against VC vectors
-// of one row of B. Fixed blocks (rows per task, terms per pass) make every output's summation order independent of
-// the thread count. fp64 reference twin with plain loops.
+// x's rows for dW), so the register-tile kernel of tile_product.hpp serves both without packing or transposing
+// anything (A = rows of dy for dx; A = dyᵀ, read down a column, for dW). Fixed blocks (rows per task, terms per
+// pass) make every output's summation order independent of the thread count. fp64 reference twin with plain loops.
 #pragma once
 
 #include <algorithm>
@@ -21,6 +20,7 @@
 #include "hymix/core/tensor.hpp"
 #include "hymix/kernels/lane_sum.hpp"
 #include "hymix/kernels/linear.hpp"
+#include "hymix/kernels/tile_product.hpp"
 
 namespace hymix::kernels {
 
@@ -99,96 +99,11 @@ void linear_backward_ref(tensor_view<const T, 2> x, tensor_view<const T, 2> w, t
 /// the same tiles over the same blocks of terms, and hence in the same summation order, on 1 or 64 threads.
 inline constexpr std::int64_t linear_backward_block = 128;
 
-namespace detail {
-
-/// Terms per pass of the backward's products: a pass sums this many terms of C += A · B into the output (read
-/// before, written after), so one row panel of B (this many rows × the tile's VC vectors) stays in cache while
-/// every row tile of the task meets it.
-inline constexpr std::int64_t linear_backward_terms = 256;
-
-/// Register tiles of the backward products: R rows of A (broadcast) × VC vectors of B's row. With 32 vector
-/// registers (AVX-512) 6 × 4 accumulators, 4 B vectors and a broadcast; with 16, 3 × 3.
-template <class Arch>
-struct linear_backward_tiles {
-    static constexpr bool wide = std::is_base_of_v<xsimd::avx512f, Arch>;
-    static constexpr int R = wide ? 6 : 3, VC = wide ? 4 : 3;
-};
-
-/// C[r, c·W + e] (+)= Σ_{l < n} A(r, l) · B[l·ldb + c·W + e] for r < R, c < VC, e < W, where A(r, l) =
-/// a[r·a_row + l·a_col]; C rows at c + r·ldc. The sum starts from 0 and takes the terms one at a time in order of
-/// l, each with one rounding (mul_add); with `accumulate` it is then added to C (one more rounding), else it
-/// overwrites C. So adding the same product twice onto zeros gives exactly twice the product.
-template <class Arch, int R, int VC>
-HYMIX_LINEAR_FLATTEN void backward_tile(const float* a, std::int64_t a_row, std::int64_t a_col, const float* b, std::int64_t ldb,
-                                        std::int64_t n, float* c, std::int64_t ldc, bool accumulate) {
-    using B = xsimd::batch<float, Arch>;
-    constexpr std::int64_t W = static_cast<std::int64_t>(B::size);
-    B acc[R * VC];
-    static_for<R * VC>([&](auto i) { acc[i] = B(0.f); });
-    for (std::int64_t l = 0; l < n; ++l) {
-        B bv[VC];
-        static_for<VC>([&](auto j) {
-            bv[j] = B::load_unaligned(b + l * ldb + j * W);
-            pin_register(bv[j]);
-        });
-        static_for<R>([&](auto r) {
-            const B av(a[r * a_row + l * a_col]);
-            static_for<VC>([&](auto j) { acc[r * VC + j] = mul_add<Arch>(av, bv[j], acc[r * VC + j]); });
-        });
-    }
-    static_for<R * VC>([&](auto i) {
-        float* ci = c + (i / VC) * ldc + (i % VC) * W;
-        (accumulate ? B::load_unaligned(ci) + acc[i] : acc[i]).store_unaligned(ci);
-    });
-}
-
-/// C [I, J] (+)= A [I, L] · B [L, J], A(i, l) = a[i·a_row + l·a_col], B's rows b + l·ldb (unit inner stride), C's
-/// rows c + i·ldc: passes of linear_backward_terms terms; within a pass, panels of VC vectors of B's columns, each
-/// met by every row tile of R rows. The last J % W columns take a scalar loop with the same order of terms (one
-/// rounding per term). Each pass's sum is added to C once; `accumulate`: the first pass too (else it overwrites
-/// C). Same order for any I.
-template <class Arch>
-void backward_product(const float* a, std::int64_t a_row, std::int64_t a_col, const float* b, std::int64_t ldb, float* c,
-                      std::int64_t ldc, std::int64_t I, std::int64_t J, std::int64_t L, bool accumulate) {
-    constexpr std::int64_t W = static_cast<std::int64_t>(xsimd::batch<float, Arch>::size);
-    constexpr int R = linear_backward_tiles<Arch>::R, VC = linear_backward_tiles<Arch>::VC;
-    const std::int64_t Jv = J - J % W;
-    if (L == 0 && !accumulate) {
-        for (std::int64_t i = 0; i < I; ++i) std::fill(c + i * ldc, c + i * ldc + J, 0.f);
-        return;
-    }
-    for (std::int64_t l0 = 0; l0 < L; l0 += linear_backward_terms) {
-        const std::int64_t n = std::min(linear_backward_terms, L - l0);
-        const bool acc = accumulate || l0 > 0;
-        const float* al = a + l0 * a_col;
-        const float* bl = b + l0 * ldb;
-        for (std::int64_t j0 = 0; j0 < Jv; j0 += VC * W) {
-            with_constant<VC>(static_cast<int>(std::min<std::int64_t>(VC, (Jv - j0) / W)), [&](auto vc) {
-                constexpr int V = decltype(vc)::value;
-                std::int64_t i = 0;
-                for (; i + R <= I; i += R) backward_tile<Arch, R, V>(al + i * a_row, a_row, a_col, bl + j0, ldb, n, c + i * ldc + j0, ldc, acc);
-                if (i < I)
-                    with_constant<R>(static_cast<int>(I - i), [&](auto rc) {
-                        backward_tile<Arch, decltype(rc)::value, V>(al + i * a_row, a_row, a_col, bl + j0, ldb, n, c + i * ldc + j0, ldc, acc);
-                    });
-            });
-        }
-        for (std::int64_t i = 0; i < I; ++i)
-            for (std::int64_t j = Jv; j < J; ++j) {
-                float s = 0.f;
-                for (std::int64_t l = 0; l < n; ++l) s = std::fma(al[i * a_row + l * a_col], bl[l * ldb + j], s);
-                c[i * ldc + j] = acc ? c[i * ldc + j] + s : s;
-            }
-    }
-}
-
-}  // namespace detail
-
 /// CPU fp32 backward of y = x wᵀ + b. x [M, K], w [N, K], dy [M, N] (unit inner strides, any row strides);
 /// dx [M, K] = dy · w (overwritten); dw [N, K] += dyᵀ · x; db [N] += Σ_m dy[m, :]. Any of dx, dw (data == nullptr)
 /// and db (nullptr) may be skipped. One task list: dx by blocks of rows of M and dw / db by blocks of rows of N
 /// (each task owns distinct output rows; no atomics); every output is summed by the same register tile over the same
-/// blocks of terms (detail::backward_product), so the result is bit-identical for any thread count. db sums rows in
+/// blocks of terms (detail::tile_product), so the result is bit-identical for any thread count. db sums rows in
 /// order (fp64 accumulator). Throws shape_error naming the argument on a mismatch.
 template <cpu_backend_type Backend>
 void linear_backward(const Backend& be, tensor_view<const float, 2> x, tensor_view<const float, 2> w, tensor_view<const float, 2> dy,
@@ -203,14 +118,14 @@ void linear_backward(const Backend& be, tensor_view<const float, 2> x, tensor_vi
         for (std::int64_t t = t0; t < t1; ++t) {
             if (t < n_dx) {  // dx rows [r0, r0 + rb) = dy rows · w: A(i, l) = dy[r0 + i, l], B = w
                 const std::int64_t r0 = t * B, rb = std::min(B, M - r0);
-                detail::backward_product<Arch>(dy.data + r0 * dy.strides[0], dy.strides[0], 1, w.data, w.strides[0], &dx(r0, 0), dx.strides[0], rb, K,
+                detail::tile_product<Arch>(dy.data + r0 * dy.strides[0], dy.strides[0], 1, w.data, w.strides[0], &dx(r0, 0), dx.strides[0], rb, K,
                                                N, false);
                 continue;
             }
             const std::int64_t n0 = (t - n_dx) * B, nb = std::min(B, N - n0);
             // dw rows [n0, n0 + nb) += dyᵀ · x: A(i, l) = dy[l, n0 + i], B = x
             if (dw.data && M > 0 && K > 0)
-                detail::backward_product<Arch>(dy.data + n0, 1, dy.strides[0], x.data, x.strides[0], &dw(n0, 0), dw.strides[0], nb, K, M,
+                detail::tile_product<Arch>(dy.data + n0, 1, dy.strides[0], x.data, x.strides[0], &dw(n0, 0), dw.strides[0], nb, K, M,
                                                true);
             if (db) {
                 std::vector<double> acc(static_cast<std::size_t>(nb), 0.0);

@@ -24,6 +24,7 @@
 #include "hymix/core/tensor.hpp"
 #include "hymix/kernels/chunk_layout.hpp"
 #include "hymix/kernels/lane_sum.hpp"
+#include "hymix/kernels/tile_product.hpp"
 #include "hymix/kernels/view_checks.hpp"
 
 namespace hymix::kernels {
@@ -292,12 +293,11 @@ using ssd_map = Eigen::Map<ssd_row_matrix, Eigen::Unaligned, Eigen::OuterStride<
 /// Scratch of one task of the fp32 stages, for chunks of up to W rows.
 struct ssd_scratch {
     std::vector<double> alpha;                      // [W]    α of the chunk
-    Eigen::VectorXf dtl, decay, to_end, dvec;       // [W]    Δ, exp(α), exp(α_last − α)·Δ; [P] skip coefficients
-    ssd_row_matrix M, Xd, Tmp, Xw;                  // [W, W] [W, P] [W, P] [W, P]
-    ssd_row_matrix H0;                              // [P, N] zero initial state of a sequence without a state
+    Eigen::VectorXf dtl, decay, dvec;               // [W]    Δ, exp(α); [P] skip coefficients
+    ssd_row_matrix M, Tmp, Xw;                      // [W, W] [W, P] [W, P]
+    std::vector<float> st;                          // [N, P] a state transposed (the layout the scan's products read)
     ssd_scratch(std::int64_t W, std::int64_t P, std::int64_t N)
-        : alpha(static_cast<std::size_t>(W)), dtl(W), decay(W), to_end(W), dvec(P), M(W, W), Xd(W, P), Tmp(W, P), Xw(W, P),
-          H0(P, N) {}
+        : alpha(static_cast<std::size_t>(W)), dtl(W), decay(W), dvec(P), M(W, W), Tmp(W, P), Xw(W, P), st(static_cast<std::size_t>(N * P)) {}
 };
 
 /// exp(α_last), the decay of a state over a whole chunk (α ≤ 0).
@@ -310,33 +310,67 @@ inline void ssd_cumsum_tile(const ssd_inputs<float>& in, std::int64_t h, std::in
     for (std::int64_t t = 0; t < L; ++t) alpha[t] = acc += static_cast<double>(in.dt(r + t, h)) * A;
 }
 
-/// Stage ssd_chunk_cb, one (chunk, group): out [L, L] (row stride ld) = C_chunk · B_chunkᵀ.
-inline void ssd_cb_tile(const ssd_inputs<float>& in, std::int64_t g, std::int64_t r, std::int64_t L, float* out, std::int64_t ld) {
+/// Stage ssd_chunk_cb, one (chunk, group): out [L, L] (row stride ld) = C_chunk · B_chunkᵀ, as C · (Bᵀ) with Bᵀ
+/// copied into bt [N, L] (so B's columns are rows of the register-tile product).
+template <class Arch>
+void ssd_cb_tile(const ssd_inputs<float>& in, std::int64_t g, std::int64_t r, std::int64_t L, float* out, std::int64_t ld,
+                 std::vector<float>& bt) {
     const std::int64_t N = in.d_state();
-    const ssd_cmap Cm(&in.C(r, g, 0), L, N, Eigen::OuterStride<>(in.C.strides[0]));
-    const ssd_cmap Bm(&in.B(r, g, 0), L, N, Eigen::OuterStride<>(in.B.strides[0]));
-    ssd_map(out, L, L, Eigen::OuterStride<>(ld)).noalias() = Cm * Bm.transpose();
+    bt.resize(static_cast<std::size_t>(N * L));
+    for (std::int64_t t = 0; t < L; ++t) {
+        const float* b = &in.B(r + t, g, 0);
+        for (std::int64_t n = 0; n < N; ++n) bt[static_cast<std::size_t>(n * L + t)] = b[n];
+    }
+    tile_product<Arch>(&in.C(r, g, 0), in.C.strides[0], 1, bt.data(), L, out, ld, L, L, N, false);
 }
 
 /// Stage ssd_chunk_state, one (chunk, head): S_c = Σ_t exp(α_last − α_t) Δ_t x_t B_tᵀ (the chunk's final state from a
-/// zero initial state), one GEMM into out [P, N]. With `onto`, out holds the state entering the chunk and the same GEMM
-/// also does stage ssd_state_passing's update: out ← exp(α_last)·out + S_c (how the fused kernel runs stages 3 and 4).
-inline void ssd_chunk_state_tile(const ssd_inputs<float>& in, std::int64_t h, std::int64_t r, std::int64_t L, const double* alpha,
-                                 float* out, bool onto, ssd_scratch& w) {
+/// zero initial state) into out [P, N]: one register-tile product (Xwᵀ · B, Xw = diag(exp(α_last − α) Δ) x). With
+/// `onto`, out holds the state entering the chunk and becomes stage ssd_state_passing's update exp(α_last)·out + S_c
+/// (how the fused kernel runs stages 3 and 4): out is scaled first, then S_c, summed from zero, is added once.
+template <class Arch>
+void ssd_chunk_state_tile(const ssd_inputs<float>& in, std::int64_t h, std::int64_t r, std::int64_t L, const double* alpha, float* out,
+                          bool onto, ssd_scratch& w) {
     const std::int64_t P = in.head_dim(), N = in.d_state(), g = h / (in.n_heads() / in.n_groups());
-    const ssd_cmap Xm(&in.x(r, h, 0), L, P, Eigen::OuterStride<>(in.x.strides[0]));
-    const ssd_cmap Bm(&in.B(r, g, 0), L, N, Eigen::OuterStride<>(in.B.strides[0]));
     const double a_last = alpha[L - 1];
-    for (std::int64_t t = 0; t < L; ++t) w.to_end[t] = static_cast<float>(std::exp(std::min(a_last - alpha[t], 0.0))) * in.dt(r + t, h);
-    auto Xwb = w.Xw.topRows(L);
-    Xwb.noalias() = w.to_end.head(L).asDiagonal() * Xm;
-    ssd_map S(out, P, N, Eigen::OuterStride<>(N));
-    if (onto) {
-        S *= state_decay(a_last);
-        S.noalias() += Xwb.transpose() * Bm;
-    } else {
-        S.noalias() = Xwb.transpose() * Bm;
+    float* xw = w.Xw.data();  // [L, P], row stride P
+    for (std::int64_t t = 0; t < L; ++t) {
+        const float s = static_cast<float>(std::exp(std::min(a_last - alpha[t], 0.0))) * in.dt(r + t, h);
+        const float* x = &in.x(r + t, h, 0);
+        for (std::int64_t p = 0; p < P; ++p) xw[t * P + p] = s * x[p];
     }
+    if (onto) {
+        const float d = state_decay(a_last);
+        for (std::int64_t i = 0; i < P * N; ++i) out[i] *= d;
+    }
+    // S [P, N] (+)= Xwᵀ B: A(p, t) = xw[t·P + p], B = the chunk's B rows.
+    tile_product<Arch>(xw, 1, P, &in.B(r, g, 0), in.B.strides[0], out, N, P, N, L, onto);
+}
+
+/// ssd_chunk_state_tile's update with the state held transposed, st [N, P] (row stride P): st ← exp(α_last)·st + S_cᵀ,
+/// S_cᵀ = Bᵀ Xw summed from zero. Each entry takes the same terms in the same order as ssd_chunk_state_tile's, so both
+/// give the same bits. The fused kernel keeps a sequence's state in this layout across its chunks.
+template <class Arch>
+void ssd_chunk_state_tile_t(const ssd_inputs<float>& in, std::int64_t h, std::int64_t r, std::int64_t L, const double* alpha, float* st,
+                            ssd_scratch& w) {
+    const std::int64_t P = in.head_dim(), N = in.d_state(), g = h / (in.n_heads() / in.n_groups());
+    const double a_last = alpha[L - 1];
+    float* xw = w.Xw.data();  // [L, P], row stride P
+    for (std::int64_t t = 0; t < L; ++t) {
+        const float s = static_cast<float>(std::exp(std::min(a_last - alpha[t], 0.0))) * in.dt(r + t, h);
+        const float* x = &in.x(r + t, h, 0);
+        for (std::int64_t p = 0; p < P; ++p) xw[t * P + p] = s * x[p];
+    }
+    const float d = state_decay(a_last);
+    for (std::int64_t i = 0; i < P * N; ++i) st[i] *= d;
+    // stᵀ [N, P] += Bᵀ Xw: A(n, t) = B[t, n] (down the chunk's B rows), B-operand = Xw's rows.
+    tile_product<Arch>(&in.B(r, g, 0), 1, in.B.strides[0], xw, P, st, P, N, P, L, true);
+}
+
+/// Copies a [rows, cols] row-major matrix into dst as [cols, rows].
+inline void transpose_into(const float* src, std::int64_t rows, std::int64_t cols, float* dst) {
+    for (std::int64_t i = 0; i < rows; ++i)
+        for (std::int64_t j = 0; j < cols; ++j) dst[j * rows + i] = src[i * cols + j];
 }
 
 /// Stage ssd_state_passing, one chunk of one (sequence, head): H ← exp(α_last) H + S_c over the n = P·N entries.
@@ -354,35 +388,51 @@ inline void ssd_state_pass_tile(float* hs, const float* sc, float* h_in, std::in
     }
 }
 
-/// Stage ssd_chunk_scan, one (chunk, head): rows r.. r+L−1 of y [R, H, P] for head h from the state h0 [P, N] entering
-/// the chunk and cb [L, L] (row stride ld_cb) of the head's group:
+/// Stage ssd_chunk_scan, one (chunk, head): rows r.. r+L−1 of y [R, H, P] for head h from the state entering the
+/// chunk, given transposed as h0t [N, P] (row stride P), and cb [L, L] (row stride ld_cb) of the head's group:
 ///   Y = tril(C Bᵀ ⊙ exp(segsum)) (Δ x) + diag(exp α) C h0ᵀ + x diag(D).
-/// Every product is an Eigen GEMM on strided maps; y is written in place.
+/// Register-tile products (tile_product.hpp) reading x, C and h0t where they lie: the read-out of the entering state
+/// C·h0ᵀ (skipped when h0_zero), scaled by exp(α) per row, then the intra-chunk term added by the lower-triangular
+/// product with Δ folded into M's columns (entries above the diagonal never read); y is written in place.
 template <class Arch>
 void ssd_chunk_scan_tile(const ssd_inputs<float>& in, std::int64_t h, std::int64_t r, std::int64_t L, const float* cb,
-                         std::int64_t ld_cb, const double* alpha, const float* h0, tensor_view<float, 3> y, ssd_scratch& w) {
+                         std::int64_t ld_cb, const double* alpha, const float* h0t, bool h0_zero, tensor_view<float, 3> y,
+                         ssd_scratch& w) {
     const std::int64_t P = in.head_dim(), N = in.d_state(), g = h / (in.n_heads() / in.n_groups());
-    const ssd_cmap Xm(&in.x(r, h, 0), L, P, Eigen::OuterStride<>(in.x.strides[0]));
-    const ssd_cmap Cm(&in.C(r, g, 0), L, N, Eigen::OuterStride<>(in.C.strides[0]));
-    const ssd_cmap Hm(h0, P, N, Eigen::OuterStride<>(N));
-    ssd_map Ym(&y(r, h, 0), L, P, Eigen::OuterStride<>(y.strides[0]));
+    float* yr = &y(r, h, 0);
+    const std::int64_t ldy = y.strides[0];
     for (std::int64_t t = 0; t < L; ++t) {
         w.dtl[t] = in.dt(r + t, h);
         w.decay[t] = static_cast<float>(std::exp(std::min(alpha[t], 0.0)));
     }
-    // M = (C Bᵀ) ⊙ exp(segsum), lower triangular.
+    // M = (C Bᵀ) ⊙ exp(segsum) · diag(Δ), lower triangular.
     const std::int64_t ldm = w.M.cols();
-    for (std::int64_t t = 0; t < L; ++t) segsum_exp_row<Arch>(alpha, t, L, cb + t * ld_cb, w.M.data() + t * ldm);
-    auto Xb = w.Xd.topRows(L);
-    Xb.noalias() = w.dtl.head(L).asDiagonal() * Xm;
-    // Intra-chunk, then inter-chunk Y_off_t = exp(α_t) · h0 C_t, then the skip D·x.
-    Ym.noalias() = w.M.topLeftCorner(L, L).template triangularView<Eigen::Lower>() * Xb;
-    auto Tb = w.Tmp.topRows(L);
-    Tb.noalias() = Cm * Hm.transpose();
-    Ym.noalias() += w.decay.head(L).asDiagonal() * Tb;
+    const float* dtl = w.dtl.data();
+    for (std::int64_t t = 0; t < L; ++t) {
+        float* m = w.M.data() + t * ldm;
+        segsum_exp_row<Arch>(alpha, t, L, cb + t * ld_cb, m);
+        for (std::int64_t j = 0; j <= t; ++j) m[j] *= dtl[j];
+    }
+    // Inter-chunk Y_off = diag(exp α) C h0ᵀ, then the intra-chunk M x added, then the skip D·x.
+    if (h0_zero) {
+        for (std::int64_t t = 0; t < L; ++t) std::fill(yr + t * ldy, yr + t * ldy + P, 0.f);
+    } else {
+        tile_product<Arch>(&in.C(r, g, 0), in.C.strides[0], 1, h0t, P, yr, ldy, L, P, N, false);
+        for (std::int64_t t = 0; t < L; ++t) {
+            const float d = w.decay[t];
+            float* yt = yr + t * ldy;
+            for (std::int64_t p = 0; p < P; ++p) yt[p] *= d;
+        }
+    }
+    tile_product_lower<Arch>(w.M.data(), ldm, 1, &in.x(r, h, 0), in.x.strides[0], yr, ldy, L, P, true);
     if (in.D) {
         for (std::int64_t p = 0; p < P; ++p) w.dvec[p] = skip_coef(in, h, p);
-        Ym.noalias() += Xm * w.dvec.asDiagonal();
+        const float* dv = w.dvec.data();
+        for (std::int64_t t = 0; t < L; ++t) {
+            const float* x = &in.x(r + t, h, 0);
+            float* yt = yr + t * ldy;
+            for (std::int64_t p = 0; p < P; ++p) yt[p] += x[p] * dv[p];
+        }
     }
 }
 
@@ -431,15 +481,17 @@ void ssd_chunk_cumsum(const Backend& be, const ssd_inputs<float>& in, const chun
 template <cpu_backend_type Backend>
 void ssd_chunk_cb(const Backend& be, const ssd_inputs<float>& in, const chunk_layout& chunks,
                   tensor_view<float, 4> cb) {  // [n_chunks, G, W, W]
+    using Arch = typename Backend::arch;
     constexpr std::string_view who = "ssd_chunk_cb";
     detail::ssd_check_stage(in, chunks, false, who);
     detail::ssd_check_cb(cb, in, chunks, who);
     const std::int64_t G = in.n_groups(), W = chunks.width();
     be.parallel_for(chunks.n_chunks() * G, 1, [&](std::int64_t i0, std::int64_t i1) {
+        std::vector<float> bt;
         for (std::int64_t i = i0; i < i1; ++i) {
             const std::int64_t k = i / G, g = i % G, L = chunks.length(k);
             float* blk = &cb(k, g, 0, 0);
-            detail::ssd_cb_tile(in, g, chunks.row(k), L, blk, cb.strides[2]);
+            detail::ssd_cb_tile<Arch>(in, g, chunks.row(k), L, blk, cb.strides[2], bt);
             if (L < W)
                 for (std::int64_t a = 0; a < W; ++a) std::fill(blk + a * cb.strides[2] + (a < L ? L : 0), blk + a * cb.strides[2] + W, 0.f);
         }
@@ -452,6 +504,7 @@ template <cpu_backend_type Backend>
 void ssd_chunk_state(const Backend& be, const ssd_inputs<float>& in, const chunk_layout& chunks,
                      tensor_view<const double, 2> dA_cumsum,  // [R, H]
                      tensor_view<float, 4> states) {          // [n_chunks, H, P, N]
+    using Arch = typename Backend::arch;
     constexpr std::string_view who = "ssd_chunk_state";
     detail::ssd_check_stage(in, chunks, true, who);
     const std::int64_t H = in.n_heads();
@@ -462,7 +515,7 @@ void ssd_chunk_state(const Backend& be, const ssd_inputs<float>& in, const chunk
         for (std::int64_t i = i0; i < i1; ++i) {
             const std::int64_t k = i / H, h = i % H;
             detail::gather_alpha(dA_cumsum, chunks, k, h, w.alpha.data());
-            detail::ssd_chunk_state_tile(in, h, chunks.row(k), chunks.length(k), w.alpha.data(), &states(k, h, 0, 0), false, w);
+            detail::ssd_chunk_state_tile<Arch>(in, h, chunks.row(k), chunks.length(k), w.alpha.data(), &states(k, h, 0, 0), false, w);
         }
     });
 }
@@ -528,8 +581,9 @@ void ssd_chunk_scan(const Backend& be, const ssd_inputs<float>& in, const chunk_
         for (std::int64_t i = i0; i < i1; ++i) {
             const std::int64_t k = i / H, h = i % H, g = h / (H / G);
             detail::gather_alpha(dA_cumsum, chunks, k, h, w.alpha.data());
+            detail::transpose_into(&chunk_init(k, h, 0, 0), in.head_dim(), in.d_state(), w.st.data());
             detail::ssd_chunk_scan_tile<Arch>(in, h, chunks.row(k), chunks.length(k), &cb(k, g, 0, 0), cb.strides[2], w.alpha.data(),
-                                              &chunk_init(k, h, 0, 0), y, w);
+                                              w.st.data(), false, y, w);
         }
     });
 }
@@ -773,19 +827,26 @@ void ssd_chunked(const Backend& be, const ssd_inputs<float>& in, std::span<const
                 detail::ssd_step_head<Arch>(in, seqs[static_cast<std::size_t>(s)], h, y, local);
                 continue;
             }
+            // The running state, transposed to [N, P] for the chunk's products: read from the sequence's slot [P, N]
+            // (or zeros), carried across the chunks, written back after the last.
             float* hs = seqs[static_cast<std::size_t>(s)].state;
+            float* st = w.st.data();
             if (hs) {
                 hs += h * P * N;
+                detail::transpose_into(hs, P, N, st);
             } else {
-                w.H0.setZero();
-                hs = w.H0.data();
+                std::fill(st, st + P * N, 0.f);
             }
-            for (std::int64_t k = chunks.first_chunk(s); k < chunks.first_chunk(s + 1); ++k) {
+            bool zero = std::all_of(st, st + P * N, [](float v) { return v == 0.f; });
+            const std::int64_t k1 = chunks.first_chunk(s + 1);
+            for (std::int64_t k = chunks.first_chunk(s); k < k1; ++k) {
                 const std::int64_t r = chunks.row(k), L = chunks.length(k);
                 detail::ssd_cumsum_tile(in, h, r, L, w.alpha.data());
-                detail::ssd_chunk_scan_tile<Arch>(in, h, r, L, cb.data() + (k * G + g) * W * W, W, w.alpha.data(), hs, y, w);
-                detail::ssd_chunk_state_tile(in, h, r, L, w.alpha.data(), hs, true, w);  // stages 3 and 4 in one GEMM
+                detail::ssd_chunk_scan_tile<Arch>(in, h, r, L, cb.data() + (k * G + g) * W * W, W, w.alpha.data(), st, zero, y, w);
+                if (k + 1 < k1 || hs) detail::ssd_chunk_state_tile_t<Arch>(in, h, r, L, w.alpha.data(), st, w);  // stages 3 and 4
+                zero = false;
             }
+            if (hs) detail::transpose_into(st, N, P, hs);
         }
     });
 }

@@ -40,6 +40,7 @@
 #include "hymix/kernels/chunk_layout.hpp"
 #include "hymix/kernels/linear_backward.hpp"
 #include "hymix/kernels/ssd.hpp"
+#include "hymix/kernels/tile_product.hpp"
 #include "hymix/kernels/view_checks.hpp"
 
 namespace hymix::kernels {
@@ -295,7 +296,7 @@ void ssd_bwd_state_sweep(const ssd_inputs<float>& in, const chunk_layout& chunks
     for (std::int64_t k = k0; k + 1 < k1; ++k) {  // H_{k+1} = e^{α_L} H_k + S_k
         const std::int64_t r = chunks.row(k), L = chunks.length(k);
         ssd_cumsum_tile(in, h, r, L, w.alpha.data());
-        ssd_chunk_state_tile(in, h, r, L, w.alpha.data(), slot(states, k + 1), false, w);
+        ssd_chunk_state_tile<Arch>(in, h, r, L, w.alpha.data(), slot(states, k + 1), false, w);
         ssd_map(slot(states, k + 1), P, N, Eigen::OuterStride<>(N)) +=
             state_decay(w.alpha[static_cast<std::size_t>(L - 1)]) * ssd_cmap(slot(states, k), P, N, Eigen::OuterStride<>(N));
     }
@@ -309,8 +310,8 @@ void ssd_bwd_state_sweep(const ssd_inputs<float>& in, const chunk_layout& chunks
         const ssd_cmap dYm(&dy(r, h, 0), L, P, Eigen::OuterStride<>(dy.strides[0]));
         auto Yd = w.Tmp.topRows(L);
         Yd.noalias() = w.decay.head(L).asDiagonal() * dYm;
-        // dH [P, N] = Ydᵀ C: A(p, t) = Yd[t, p], B = C's rows (the backward's row-panel product, no packing).
-        backward_product<Arch>(Yd.data(), 1, Yd.outerStride(), &in.C(r, g, 0), in.C.strides[0], out, N, P, N, L, false);
+        // dH [P, N] = Ydᵀ C: A(p, t) = Yd[t, p], B = C's rows (tile_product: no packing).
+        tile_product<Arch>(Yd.data(), 1, Yd.outerStride(), &in.C(r, g, 0), in.C.strides[0], out, N, P, N, L, false);
         ssd_map dH(out, P, N, Eigen::OuterStride<>(N));
         dH += state_decay(w.alpha[static_cast<std::size_t>(L - 1)]) * ssd_cmap(slot(dstates, k), P, N, Eigen::OuterStride<>(N));
     }
@@ -386,7 +387,7 @@ void ssd_bwd_chunk_group(const ssd_inputs<float>& in, const chunk_layout& chunks
             UW.middleCols((h - g * hpg) * P, P).noalias() = w.wl.head(L).asDiagonal() * U;
         }
         if (!h_zero) {
-            backward_product<Arch>(dYm.data(), dy.strides[0], 1, Hk.data(), N, T1.data(), T1.outerStride(), L, N, P, false);  // dY H
+            tile_product<Arch>(dYm.data(), dy.strides[0], 1, Hk.data(), N, T1.data(), T1.outerStride(), L, N, P, false);  // dY H
             for (std::int64_t i = 0; i < L; ++i) da[i] += static_cast<double>(w.eal[i]) * T1.row(i).dot(Cm.row(i));
             if (!ds_zero) da[L - 1] += static_cast<double>(state_decay(a_last)) * static_cast<double>((dS.cwiseProduct(Hk)).sum());
             dCt.noalias() += w.eal.head(L).asDiagonal() * T1;
@@ -427,7 +428,7 @@ void ssd_bwd_chunk_group(const ssd_inputs<float>& in, const chunk_layout& chunks
         if (ds_zero)
             dBm.setZero();
         else
-            backward_product<Arch>(UW.data(), UW.outerStride(), 1, dS_group.data(), N, dBm.data(), gr.dB.strides[0], L, N, hpg * P,
+            tile_product<Arch>(UW.data(), UW.outerStride(), 1, dS_group.data(), N, dBm.data(), gr.dB.strides[0], L, N, hpg * P,
                                    false);  // UW dS_group
         dBm.noalias() += dCB.template triangularView<Eigen::Lower>().transpose() * Cm;
     }

@@ -38,6 +38,7 @@ namespace hymix {
 struct model_info {
     std::string architecture, model_type;
     std::int64_t n_params = 0, n_layers = 0, d_model = 0, vocab_size = 0;
+    bool tie_embeddings = false;           // the LM head is the embedding matrix (else a separate lm_head [V, d])
     std::vector<std::string> layer_kinds;  // "mamba2" | "gated_deltanet" | "attention" per layer
     std::string schedule;                  // compact, e.g. "GGAGGA"
     bool per_token_modes = false;          // Oryx: every token's read-out comes from a mode schedule
@@ -119,6 +120,7 @@ std::unique_ptr<any_stack<B>> hold(Stack s, model_info& info) {
     info.n_layers = s.n_layers();
     info.d_model = s.config().d_model;
     info.vocab_size = s.config().vocab_size;
+    info.tie_embeddings = s.config().tie_embeddings;
     for (auto k : s.layer_kinds()) info.layer_kinds.emplace_back(Stack::kind_name(k));
     info.schedule = schedule_string(s.layer_kinds());
     return std::make_unique<stack_holder<B, Stack>>(std::move(s));

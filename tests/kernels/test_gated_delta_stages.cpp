@@ -271,6 +271,11 @@ TEST_CASE("gated delta stages: shape, stride and value errors name the argument"
         kernels::gdn_chunk_output(be, chunks, pb.qk(pb.q), pb.qk(pb.k), gv, gam, tensor_view<const float, 4>(cst.data(), {K, Hv, dk, dv}),
                                   pb.vv(vn), 0.3f, tensor_view<float, 3>(big.data(), {R, Hv, dv}, {Hv * dv * 2, dv * 2, 2})),
         Contains("o [n_rows, H_v, d_v] needs a unit stride"), shape_error);
+    // v_new is written before U is read: sharing memory with U (an in-place call) is refused, naming both.
+    CHECK_THROWS_WITH_AS(kernels::gdn_state_pass(be, pb.batch, chunks, pb.qk(pb.k), gv, gam, Wv, pb.vv(U),
+                                                 tensor_view<float, 4>(state.data(), {pb.S, Hv, dk, dv}),
+                                                 tensor_view<float, 4>(cst.data(), {K, Hv, dk, dv}), tensor_view<float, 3>(U.data(), {R, Hv, dv})),
+                         Contains("v_new"), shape_error);
     // H_v not a multiple of H_k.
     CHECK_THROWS_AS(kernels::gdn_wy_prepare(be, chunks, pb.qk(pb.k), tensor_view<const float, 2>(big.data(), {R, 3}),
                                             tensor_view<const float, 2>(big.data(), {R, 3}), tensor_view<float, 3>(A.data(), {R, 3, Wd})),

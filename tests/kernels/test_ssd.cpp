@@ -277,6 +277,25 @@ TEST_CASE("ssd chunked is causal: a future token never changes a past output") {
     CHECK(rel_error(slice(y2, t0 * H * P, H * P), slice(y1, t0 * H * P, H * P)) > 1e-3);  // the change is visible at t0
 }
 
+TEST_CASE("ssd chunked: a NaN at one token inside a chunk reaches no earlier output (the chunk's products are causal)") {
+    const cpu_backend be(2);
+    const std::int64_t T = 45, H = 3, P = 4, G = 1, N = 8, Q = 16, t0 = 21;  // t0 inside the second chunk [16, 32)
+    problem pb(T, H, P, G, N, 56);
+    std::vector<float> y1(std::size_t(T * H * P)), y2(y1.size());
+    std::vector<float> s1(std::size_t(H * P * N)), s2(s1.size());
+    const kernels::ssd_sequence<float> a{0, T, s1.data()};
+    kernels::ssd_chunked(be, pb.inputs(), std::span(&a, 1), Q, tensor_view<float, 3>(y1.data(), {T, H, P}));
+    problem pc = pb;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    pc.x[std::size_t(t0 * H * P + 1)] = nan;
+    pc.B[std::size_t(t0 * G * N + 2)] = nan;
+    pc.C[std::size_t(t0 * G * N + 3)] = nan;
+    const kernels::ssd_sequence<float> b{0, T, s2.data()};
+    kernels::ssd_chunked(be, pc.inputs(), std::span(&b, 1), Q, tensor_view<float, 3>(y2.data(), {T, H, P}));
+    CHECK(slice(y2, 0, t0 * H * P) == slice(y1, 0, t0 * H * P));  // the same bits before t0
+    CHECK(std::isnan(y2[std::size_t(t0 * H * P + 1)]));             // and the NaN shows at t0
+}
+
 TEST_CASE("ssd: bad arguments throw") {
     const cpu_backend be(1);
     problem pb(10, 4, 3, 2, 5, 1);

@@ -300,7 +300,8 @@ inline void gdn_solve_tile(const_row_map A, const_row_map K, const_row_map V, co
 }
 
 /// Stage gdn_state_pass, first half for one chunk: V_new = U − W S, S [d_k, d_v] the state entering the chunk. W·S is
-/// a register-tile product (tile_product.hpp) reading W's rows and S's rows where they lie.
+/// a register-tile product (tile_product.hpp) reading W's rows and S's rows where they lie, written into Vn before U
+/// is read: Vn must not share memory with U or W.
 template <class Arch>
 void gdn_new_values_tile(const_row_map W, const_row_map U, const float* S, row_map Vn) {
     const std::int64_t n = W.rows(), dk = W.cols(), dv = U.cols();
@@ -506,6 +507,9 @@ void gdn_state_pass(const Backend& be, const seq_batch& batch, const chunk_layou
     detail::gdn_require(W, {d.R, d.Hv, d.dk}, true, who, "W [n_rows, H_v, d_k]");
     detail::gdn_require(U, {d.R, d.Hv, d.dv}, true, who, "U [n_rows, H_v, d_v]");
     detail::gdn_require(v_new, {d.R, d.Hv, d.dv}, true, who, "v_new [n_rows, H_v, d_v]");
+    // v_new is written (W·S first) before U is read: it may share memory with neither U nor W.
+    hymix::detail::require_no_overlap(v_new, "v_new", U, "U", who);
+    hymix::detail::require_no_overlap(v_new, "v_new", W, "W", who);
     state.require_shape({-1, d.Hv, d.dk, d.dv}, who, "state [S, H_v, d_k, d_v]");
     detail::require_dense_matrices(state, who, "state [S, H_v, d_k, d_v]");
     chunk_states.require_shape({chunks.n_chunks(), d.Hv, d.dk, d.dv}, who, "chunk_states [n_chunks, H_v, d_k, d_v]");
@@ -513,8 +517,8 @@ void gdn_state_pass(const Backend& be, const seq_batch& batch, const chunk_layou
     batch.validate(state.dim(0));
     detail::gdn_check_layout_batch(batch, chunks, who);
     detail::gdn_check_g_rows(chunks, g, who);
-    detail::for_each_chunked_seq_head(be, chunks, d.Hv, [&](std::int64_t b, std::int64_t e, auto item) {
     using Arch = typename Backend::arch;
+    detail::for_each_chunked_seq_head(be, chunks, d.Hv, [&](std::int64_t b, std::int64_t e, auto item) {
         detail::gdn_scratch w(chunks.width(), d.dk, 0);
         for (std::int64_t i = b; i < e; ++i) {
             const auto [s, hv] = item(i);
@@ -553,8 +557,8 @@ void gdn_chunk_output(const Backend& be, const chunk_layout& chunks,
     chunk_states.require_shape({chunks.n_chunks(), d.Hv, d.dk, d.dv}, who, "chunk_states [n_chunks, H_v, d_k, d_v]");
     detail::require_dense_matrices(chunk_states, who, "chunk_states [n_chunks, H_v, d_k, d_v]");
     detail::gdn_check_g_rows(chunks, g, who);
-    be.parallel_for(chunks.n_chunks() * d.Hv, 1, [&](std::int64_t i0, std::int64_t i1) {
     using Arch = typename Backend::arch;
+    be.parallel_for(chunks.n_chunks() * d.Hv, 1, [&](std::int64_t i0, std::int64_t i1) {
         detail::gdn_scratch w(chunks.width(), d.dk, 0);
         for (std::int64_t i = i0; i < i1; ++i) {
             const std::int64_t c = i / d.Hv, hv = i % d.Hv, hk = hv / (d.Hv / d.Hk), t = chunks.row(c), n = chunks.length(c);

@@ -327,7 +327,8 @@ void ssd_cb_tile(const ssd_inputs<float>& in, std::int64_t g, std::int64_t r, st
 /// Stage ssd_chunk_state, one (chunk, head): S_c = Σ_t exp(α_last − α_t) Δ_t x_t B_tᵀ (the chunk's final state from a
 /// zero initial state) into out [P, N]: one register-tile product (Xwᵀ · B, Xw = diag(exp(α_last − α) Δ) x). With
 /// `onto`, out holds the state entering the chunk and becomes stage ssd_state_passing's update exp(α_last)·out + S_c
-/// (how the fused kernel runs stages 3 and 4): out is scaled first, then S_c, summed from zero, is added once.
+/// (how the fused kernel runs stages 3 and 4): out is scaled first, then S_c is added, one pass of
+/// tile_product_terms tokens at a time (once for chunks up to that length).
 template <class Arch>
 void ssd_chunk_state_tile(const ssd_inputs<float>& in, std::int64_t h, std::int64_t r, std::int64_t L, const double* alpha, float* out,
                           bool onto, ssd_scratch& w) {
@@ -348,8 +349,8 @@ void ssd_chunk_state_tile(const ssd_inputs<float>& in, std::int64_t h, std::int6
 }
 
 /// ssd_chunk_state_tile's update with the state held transposed, st [N, P] (row stride P): st ← exp(α_last)·st + S_cᵀ,
-/// S_cᵀ = Bᵀ Xw summed from zero. Each entry takes the same terms in the same order as ssd_chunk_state_tile's, so both
-/// give the same bits. The fused kernel keeps a sequence's state in this layout across its chunks.
+/// S_cᵀ = Bᵀ Xw. Each entry takes the same terms in the same order, with the same rounding, as ssd_chunk_state_tile's,
+/// so both give the same bits. The fused kernel keeps a sequence's state in this layout across its chunks.
 template <class Arch>
 void ssd_chunk_state_tile_t(const ssd_inputs<float>& in, std::int64_t h, std::int64_t r, std::int64_t L, const double* alpha, float* st,
                             ssd_scratch& w) {

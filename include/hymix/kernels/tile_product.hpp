@@ -28,6 +28,18 @@ struct tile_product_tiles {
     static constexpr int R = wide ? 6 : 3, VC = wide ? 4 : 3;
 };
 
+/// One term of the scalar tail, rounded as the vector path's mul_add rounds on Arch: once where it is fused, else a
+/// multiply and an add apart. So a column's bits do not depend on whether it falls in the vector part or the tail.
+template <class Arch>
+inline float tail_mul_add(float a, float b, float acc) {
+    if constexpr (mul_add_is_fused<Arch>()) {
+        return std::fma(a, b, acc);
+    } else {
+        volatile float p = a * b;  // kept apart from the add (no contraction)
+        return p + acc;
+    }
+}
+
 /// Terms per pass of tile_product: a pass sums this many terms into the output (read before, written after), so one
 /// row panel of B (this many rows × the tile's VC vectors) stays in cache while every row tile meets it.
 inline constexpr std::int64_t tile_product_terms = 256;
@@ -36,7 +48,8 @@ inline constexpr std::int64_t tile_product_terms = 256;
 /// a[r·a_row + l·a_col] and C's rows at c + r·ldc. Terms l < n are taken by every row; with `diag`, R more terms
 /// l = n + q (q < R) follow, each taken only by the rows r ≥ q (the diagonal block of a lower-triangular A, whose
 /// entries above the diagonal are never read). The sum starts from 0 and takes the terms one at a time in order of
-/// l, one rounding each (mul_add); with `accumulate` it is then added to C (one more rounding), else it overwrites C.
+/// l, each through mul_add (one rounding where the architecture fuses it); with `accumulate` it is then added to C
+/// (one more rounding), else it overwrites C.
 template <class Arch, int R, int VC, bool diag = false>
 HYMIX_LINEAR_FLATTEN void product_tile(const float* a, std::int64_t a_row, std::int64_t a_col, const float* b, std::int64_t ldb,
                                        std::int64_t n, float* c, std::int64_t ldc, bool accumulate) {
@@ -77,8 +90,8 @@ HYMIX_LINEAR_FLATTEN void product_tile(const float* a, std::int64_t a_row, std::
 
 /// C [I, J] (+)= A [I, L] · B [L, J], A(i, l) = a[i·a_row + l·a_col], B's rows b + l·ldb (unit inner stride), C's
 /// rows c + i·ldc: passes of tile_product_terms terms; within a pass, panels of VC vectors of B's columns, each met by
-/// every row tile of R rows. The last J % W columns take a scalar loop with the same order of terms (one rounding per
-/// term). Each pass's sum is added to C once; `accumulate`: the first pass too (else it overwrites C). C must not
+/// every row tile of R rows. The last J % W columns take a scalar loop with the same order of terms and the vector
+/// path's rounding (tail_mul_add). Each pass's sum is added to C once; `accumulate`: the first pass too (else it overwrites C). C must not
 /// overlap A or B. The order of terms of an output depends on L only (not on I, J or where the output sits); with
 /// L ≤ tile_product_terms (one pass) adding the same product twice onto zeros gives exactly twice it.
 template <class Arch>
@@ -110,14 +123,14 @@ void tile_product(const float* a, std::int64_t a_row, std::int64_t a_col, const 
         for (std::int64_t i = 0; i < I; ++i)
             for (std::int64_t j = Jv; j < J; ++j) {
                 float s = 0.f;
-                for (std::int64_t l = 0; l < n; ++l) s = std::fma(al[i * a_row + l * a_col], bl[l * ldb + j], s);
+                for (std::int64_t l = 0; l < n; ++l) s = tail_mul_add<Arch>(al[i * a_row + l * a_col], bl[l * ldb + j], s);
                 c[i * ldc + j] = acc ? c[i * ldc + j] + s : s;
             }
     }
 }
 
-/// C [I, J] (+)= tril(A) · B for a square A [I, I]: output row i sums the terms l ≤ i only, in order of l, one
-/// rounding each, then is added to C once (`accumulate`) or overwrites it. A's entries above the diagonal are never
+/// C [I, J] (+)= tril(A) · B for a square A [I, I]: output row i sums the terms l ≤ i only, in order of l (rounded as
+/// tile_product rounds them), then is added to C once (`accumulate`) or overwrites it. A's entries above the diagonal are never
 /// read, so they may hold anything (a NaN there does not reach earlier rows: causality holds for any input). One pass
 /// over all terms: meant for chunk-sized I (a few hundred at most). Same A, B, C conventions as tile_product.
 template <class Arch>
@@ -141,7 +154,7 @@ void tile_product_lower(const float* a, std::int64_t a_row, std::int64_t a_col, 
     for (std::int64_t i = 0; i < I; ++i)
         for (std::int64_t j = Jv; j < J; ++j) {
             float s = 0.f;
-            for (std::int64_t l = 0; l <= i; ++l) s = std::fma(a[i * a_row + l * a_col], b[l * ldb + j], s);
+            for (std::int64_t l = 0; l <= i; ++l) s = tail_mul_add<Arch>(a[i * a_row + l * a_col], b[l * ldb + j], s);
             c[i * ldc + j] = accumulate ? c[i * ldc + j] + s : s;
         }
 }

@@ -324,6 +324,21 @@ void ssd_cb_tile(const ssd_inputs<float>& in, std::int64_t g, std::int64_t r, st
     tile_product<Arch>(&in.C(r, g, 0), in.C.strides[0], 1, bt.data(), L, out, ld, L, L, N, false);
 }
 
+/// Xw [L, P] (row stride P, in w.Xw) = diag(exp(α_last − α) Δ) x of one (chunk, head): the inputs the chunk's state
+/// update multiplies with B, shared by both state layouts.
+inline float* ssd_state_inputs(const ssd_inputs<float>& in, std::int64_t h, std::int64_t r, std::int64_t L, const double* alpha,
+                               ssd_scratch& w) {
+    const std::int64_t P = in.head_dim();
+    const double a_last = alpha[L - 1];
+    float* xw = w.Xw.data();
+    for (std::int64_t t = 0; t < L; ++t) {
+        const float s = static_cast<float>(std::exp(std::min(a_last - alpha[t], 0.0))) * in.dt(r + t, h);
+        const float* x = &in.x(r + t, h, 0);
+        for (std::int64_t p = 0; p < P; ++p) xw[t * P + p] = s * x[p];
+    }
+    return xw;
+}
+
 /// Stage ssd_chunk_state, one (chunk, head): S_c = Σ_t exp(α_last − α_t) Δ_t x_t B_tᵀ (the chunk's final state from a
 /// zero initial state) into out [P, N]: one register-tile product (Xwᵀ · B, Xw = diag(exp(α_last − α) Δ) x). With
 /// `onto`, out holds the state entering the chunk and becomes stage ssd_state_passing's update exp(α_last)·out + S_c
@@ -334,12 +349,7 @@ void ssd_chunk_state_tile(const ssd_inputs<float>& in, std::int64_t h, std::int6
                           bool onto, ssd_scratch& w) {
     const std::int64_t P = in.head_dim(), N = in.d_state(), g = h / (in.n_heads() / in.n_groups());
     const double a_last = alpha[L - 1];
-    float* xw = w.Xw.data();  // [L, P], row stride P
-    for (std::int64_t t = 0; t < L; ++t) {
-        const float s = static_cast<float>(std::exp(std::min(a_last - alpha[t], 0.0))) * in.dt(r + t, h);
-        const float* x = &in.x(r + t, h, 0);
-        for (std::int64_t p = 0; p < P; ++p) xw[t * P + p] = s * x[p];
-    }
+    float* xw = ssd_state_inputs(in, h, r, L, alpha, w);
     if (onto) {
         const float d = state_decay(a_last);
         for (std::int64_t i = 0; i < P * N; ++i) out[i] *= d;
@@ -356,12 +366,7 @@ void ssd_chunk_state_tile_t(const ssd_inputs<float>& in, std::int64_t h, std::in
                             ssd_scratch& w) {
     const std::int64_t P = in.head_dim(), N = in.d_state(), g = h / (in.n_heads() / in.n_groups());
     const double a_last = alpha[L - 1];
-    float* xw = w.Xw.data();  // [L, P], row stride P
-    for (std::int64_t t = 0; t < L; ++t) {
-        const float s = static_cast<float>(std::exp(std::min(a_last - alpha[t], 0.0))) * in.dt(r + t, h);
-        const float* x = &in.x(r + t, h, 0);
-        for (std::int64_t p = 0; p < P; ++p) xw[t * P + p] = s * x[p];
-    }
+    float* xw = ssd_state_inputs(in, h, r, L, alpha, w);
     const float d = state_decay(a_last);
     for (std::int64_t i = 0; i < P * N; ++i) st[i] *= d;
     // stᵀ [N, P] += Bᵀ Xw: A(n, t) = B[t, n] (down the chunk's B rows), B-operand = Xw's rows.
@@ -415,9 +420,7 @@ void ssd_chunk_scan_tile(const ssd_inputs<float>& in, std::int64_t h, std::int64
         for (std::int64_t j = 0; j <= t; ++j) m[j] *= dtl[j];
     }
     // Inter-chunk Y_off = diag(exp α) C h0ᵀ, then the intra-chunk M x added, then the skip D·x.
-    if (h0_zero) {
-        for (std::int64_t t = 0; t < L; ++t) std::fill(yr + t * ldy, yr + t * ldy + P, 0.f);
-    } else {
+    if (!h0_zero) {
         tile_product<Arch>(&in.C(r, g, 0), in.C.strides[0], 1, h0t, P, yr, ldy, L, P, N, false);
         for (std::int64_t t = 0; t < L; ++t) {
             const float d = w.decay[t];
@@ -425,7 +428,7 @@ void ssd_chunk_scan_tile(const ssd_inputs<float>& in, std::int64_t h, std::int64
             for (std::int64_t p = 0; p < P; ++p) yt[p] *= d;
         }
     }
-    tile_product_lower<Arch>(w.M.data(), ldm, 1, &in.x(r, h, 0), in.x.strides[0], yr, ldy, L, P, true);
+    tile_product_lower<Arch>(w.M.data(), ldm, 1, &in.x(r, h, 0), in.x.strides[0], yr, ldy, L, P, !h0_zero);  // overwrites y when h0 = 0
     if (in.D) {
         for (std::int64_t p = 0; p < P; ++p) w.dvec[p] = skip_coef(in, h, p);
         const float* dv = w.dvec.data();

@@ -176,8 +176,8 @@ void gated_delta_rule_ref(const seq_batch& batch,
 // Γ_ij = exp(Σ_{m=j+1..i} g_m) (j ≤ i, else 0) is rebuilt from g by the stages that need it, by index from partial
 // sums of g, never from differences of γ. gated_delta_rule_chunked runs the stages' own per-(chunk, head) tile code
 // fused per (sequence, value head), so the running state stays in cache; its results equal the composition of the five
-// public stages (up to the order Eigen sums tiny products in, which follows data alignment). A device backend
-// implements the five stages.
+// public stages bit for bit (every product is a register-tile product whose order of terms depends on the sizes only).
+// A device backend implements the five stages.
 // ---------------------------------------------------------------------------------------------------------------
 
 /// The chunk layout of a gated delta call: each sequence of `batch` with a valid slot in chunks of at most `chunk`
@@ -218,12 +218,14 @@ struct gdn_scratch {
     row_matrix gm;                      // [C, C] Γ
     row_matrix kk;                      // [C, C] K Kᵀ, then Q Kᵀ
     row_matrix a;                       // [C, C] A
+    row_matrix t;                       // [C, C'] (I + A)⁻¹, C' = C rounded up to 16 (whole SIMD vectors per row)
     row_matrix p;                       // [C, C] scale·tril(Q Kᵀ) ⊙ Γ
-    row_matrix w, kd;                   // [C, d_k] W; decayed keys / scaled decayed queries
-    row_matrix u, vn;                   // [C, d_v] U; V_new
+    row_matrix kt;                      // [d_k, C] Kᵀ of the chunk (the keys' columns as contiguous rows)
+    row_matrix w, kd;                   // [C, d_k] W; scaled or decayed keys / scaled decayed queries
+    row_matrix u, vn;                   // [C, d_v] U; β V, then V_new
     gdn_scratch(std::int64_t C, std::int64_t dk, std::int64_t dv)
-        : gamma(static_cast<std::size_t>(C)), eg(gamma.size()), bet(gamma.size()), gm(C, C), kk(C, C), a(C, C), p(C, C), w(C, dk),
-          kd(C, dk), u(C, dv), vn(C, dv) {}
+        : gamma(static_cast<std::size_t>(C)), eg(gamma.size()), bet(gamma.size()), gm(C, C), kk(C, C), a(C, C), t(C, (C + 15) / 16 * 16), p(C, C),
+          kt(dk, C), w(C, dk), kd(C, dk), u(C, dv), vn(C, dv) {}
 };
 
 /// Stage gdn_chunk_cumsum, one (chunk, head): gamma[i] = Σ_{m≤i} g(t + m, hv), fp32.
@@ -243,9 +245,10 @@ void gdn_decays(const Gamma& gamma, tensor_view<const float, 2> beta, std::int64
 
 /// Γ of one chunk, used by stages 2, 4 and 5: gm(i, j) = exp(Σ_{m=j+1..i} g_m) for j ≤ i (1 on the diagonal), 0 above.
 /// Row i's exponents are row i−1's plus g_i (partial sums over the segment: accurate even when γ itself is large);
-/// exponents are ≤ 0 wherever exp is taken, and factors below e^−60 are flushed to 0.
+/// exponents are ≤ 0 wherever exp is taken, and factors below e^−60 are flushed to 0. The exponentials are taken on
+/// the lower triangle only, in SIMD blocks of up to 64 (Eigen's vectorised exp), the rows from the last up so that
+/// each row's exponents are still in the row above.
 inline void gdn_decay_mask_tile(tensor_view<const float, 2> g, std::int64_t t, std::int64_t hv, std::int64_t n, row_matrix& gm) {
-    constexpr float masked = -std::numeric_limits<float>::infinity();
     for (std::int64_t i = 0; i < n; ++i) {
         float* row = &gm(i, 0);
         if (i > 0) {
@@ -254,16 +257,57 @@ inline void gdn_decay_mask_tile(tensor_view<const float, 2> g, std::int64_t t, s
             for (std::int64_t j = 0; j < i; ++j) row[j] = prev[j] + gi;
         }
         row[i] = 0.f;
-        std::fill(row + i + 1, row + n, masked);
+        std::fill(row + i + 1, row + n, 0.f);
     }
-    auto G = gm.topLeftCorner(n, n);
-    G = (G.array() < decay_flush_exponent).select(0.f, G.array().max(decay_flush_exponent).exp()).matrix();
+    constexpr std::int64_t block = 64;
+    alignas(64) float e[block];
+    for (std::int64_t i = n - 1; i > 0; --i) {
+        float* row = &gm(i, 0);
+        for (std::int64_t j0 = 0; j0 < i; j0 += block) {
+            const std::int64_t m = std::min(block, i - j0);
+            Eigen::Map<Eigen::ArrayXf>(e, m) = Eigen::Map<const Eigen::ArrayXf>(row + j0, m).max(decay_flush_exponent).exp();
+            for (std::int64_t j = 0; j < m; ++j) row[j0 + j] = row[j0 + j] < decay_flush_exponent ? 0.f : e[j];
+        }
+        row[i] = 1.f;
+    }
+    if (n > 0) gm(0, 0) = 1.f;
 }
 
-/// Stage gdn_wy_prepare, one (chunk, head): A [n, n] with A_ij = β_i (k_i·k_j) Γ_ij for j < i and 0 for j ≥ i.
-inline void gdn_wy_tile(const_row_map K, const float* bet, const row_matrix& gm, row_map A, row_matrix& kk) {
+/// Kᵀ [d_k, n] of one chunk's keys K [n, d_k] into kt: the right-hand operand of the chunk's K Kᵀ and Q Kᵀ, whose rows
+/// the register-tile product reads contiguously. In blocks of 8 keys: the keys of a [n_rows, H, d_k] tensor lie a
+/// power-of-two stride apart and share cache sets, so a block is kept below the cache's associativity.
+inline void gdn_keys_transposed(const_row_map K, row_matrix& kt) {
+    constexpr std::int64_t block = 8;
+    const std::int64_t n = K.rows(), dk = K.cols(), ld = kt.cols(), ldk = K.outerStride();
+    for (std::int64_t i0 = 0; i0 < n; i0 += block) {
+        const std::int64_t m = std::min(block, n - i0);
+        const float* k = K.data() + i0 * ldk;
+        float* dst = kt.data() + i0;
+        for (std::int64_t a = 0; a < dk; ++a)
+            for (std::int64_t i = 0; i < m; ++i) dst[a * ld + i] = k[i * ldk + a];
+    }
+}
+
+/// The lower triangle (diagonal included) of X Kᵀ [n, n] into c (row stride ldc), X [n, L] by rows at stride ldx and
+/// kt = Kᵀ: tile_product on blocks of two row tiles, each taking the columns up to its last row rounded up to whole SIMD
+/// vectors; entries further right in those vectors are computed too, the rest of the upper triangle is not written.
+/// Every written entry has tile_product's bits for the whole product.
+template <class Arch>
+void gdn_lower_product(const float* x, std::int64_t ldx, const row_matrix& kt, float* c, std::int64_t ldc, std::int64_t n) {
+    constexpr std::int64_t W = static_cast<std::int64_t>(xsimd::batch<float, Arch>::size);
+    constexpr std::int64_t rows = 2 * tile_product_tiles<Arch>::R;
+    for (std::int64_t i0 = 0; i0 < n; i0 += rows) {
+        const std::int64_t m = std::min(rows, n - i0), J = std::min(n, (i0 + m + W - 1) / W * W);
+        tile_product<Arch>(x + i0 * ldx, ldx, 1, kt.data(), kt.cols(), c + i0 * ldc, ldc, m, J, kt.rows(), false);
+    }
+}
+
+/// Stage gdn_wy_prepare, one (chunk, head): A [n, n] with A_ij = β_i (k_i·k_j) Γ_ij for j < i and 0 for j ≥ i. The lower
+/// triangle of K Kᵀ is a register-tile product (gdn_lower_product) against kt = Kᵀ (gdn_keys_transposed).
+template <class Arch>
+void gdn_wy_tile(const_row_map K, const row_matrix& kt, const float* bet, const row_matrix& gm, row_map A, row_matrix& kk) {
     const std::int64_t n = K.rows();
-    kk.topLeftCorner(n, n).noalias() = K * K.transpose();
+    gdn_lower_product<Arch>(K.data(), K.outerStride(), kt, kk.data(), kk.cols(), n);
     for (std::int64_t i = 0; i < n; ++i) {
         const float* kki = &kk(i, 0);
         const float* gmi = &gm(i, 0);
@@ -287,16 +331,54 @@ inline void unit_lower_solve(const const_row_map& A, row_map X) {
     }
 }
 
-/// Stage gdn_intra_chunk_solve, one (chunk, head): W = (I + A)⁻¹ diag(β)(K ⊙ e^γ) and U = (I + A)⁻¹ diag(β) V, by
-/// forward substitution with the unit lower-triangular I + A (A's diagonal and upper part are not read).
-inline void gdn_solve_tile(const_row_map A, const_row_map K, const_row_map V, const float* bet, const float* eg, row_map W, row_map U) {
-    const std::int64_t n = K.rows();
+/// T = (I + A)⁻¹ for A [n, n] strictly lower (diagonal and upper part not read), by forward substitution on the rows:
+/// T_i = e_i − Σ_{j<i} A_ij T_j. T's rows hold whole SIMD vectors (T.cols() a multiple of the vector width, ≥ n); each
+/// vector of row i is summed in registers from the rows j that reach it (j at or past its first column), the even and the
+/// odd j in two chains added at the end. Above the diagonal T holds zeros (or NaN where a NaN in A reached the row);
+/// row i depends on rows ≤ i of A only.
+template <class Arch>
+void unit_lower_inverse(const const_row_map& A, row_matrix& T) {
+    using B = xsimd::batch<float, Arch>;
+    constexpr std::int64_t W = static_cast<std::int64_t>(B::size);
+    const std::int64_t n = A.rows(), ld = T.cols();
     for (std::int64_t i = 0; i < n; ++i) {
-        W.row(i) = (bet[i] * eg[i]) * K.row(i);
-        U.row(i) = bet[i] * V.row(i);
+        float* ti = T.data() + i * ld;
+        const float* ai = A.data() + i * A.outerStride();
+        for (std::int64_t c0 = 0; c0 < n; c0 += W) {
+            if (c0 > i) {
+                B(0.f).store_unaligned(ti + c0);
+                continue;
+            }
+            alignas(64) float unit[W] = {};
+            if (i < c0 + W) unit[i - c0] = 1.f;
+            B s0 = B::load_aligned(unit), s1(0.f);
+            std::int64_t j = c0;
+            for (; j + 1 < i; j += 2) {
+                s0 = xsimd::fnma(B(ai[j]), B::load_unaligned(T.data() + j * ld + c0), s0);
+                s1 = xsimd::fnma(B(ai[j + 1]), B::load_unaligned(T.data() + (j + 1) * ld + c0), s1);
+            }
+            if (j < i) s0 = xsimd::fnma(B(ai[j]), B::load_unaligned(T.data() + j * ld + c0), s0);
+            (s0 + s1).store_unaligned(ti + c0);
+        }
     }
-    unit_lower_solve(A, W);
-    unit_lower_solve(A, U);
+}
+
+/// Stage gdn_intra_chunk_solve, one (chunk, head): W = (I + A)⁻¹ diag(β)(K ⊙ e^γ) and U = (I + A)⁻¹ diag(β) V, with
+/// A's diagonal and upper part not read. T = (I + A)⁻¹ is formed once (unit_lower_inverse, into w.t); W and U are then
+/// lower-triangular register-tile products of T with the scaled keys (in w.kd) and values (in w.vn), so row i of W and U
+/// depends on rows ≤ i only. W and U must not share memory with w.
+template <class Arch>
+void gdn_solve_tile(const_row_map A, const_row_map K, const_row_map V, const float* bet, const float* eg, row_map W, row_map U,
+                    gdn_scratch& w) {
+    const std::int64_t n = K.rows(), dk = K.cols(), dv = V.cols();
+    unit_lower_inverse<Arch>(A, w.t);
+    for (std::int64_t i = 0; i < n; ++i) {
+        w.kd.row(i) = (bet[i] * eg[i]) * K.row(i);
+        w.vn.row(i) = bet[i] * V.row(i);
+    }
+    const std::int64_t ldt = w.t.cols();
+    tile_product_lower<Arch>(w.t.data(), ldt, 1, w.kd.data(), w.kd.cols(), W.data(), W.outerStride(), n, dk, false);
+    tile_product_lower<Arch>(w.t.data(), ldt, 1, w.vn.data(), w.vn.cols(), U.data(), U.outerStride(), n, dv, false);
 }
 
 /// Stage gdn_state_pass, first half for one chunk: V_new = U − W S, S [d_k, d_v] the state entering the chunk. W·S is
@@ -326,14 +408,15 @@ void gdn_state_update_tile(float* S, const_row_map K, const row_matrix& gm, floa
 
 /// Stage gdn_chunk_output, one (chunk, head): O = (scale·Q ⊙ e^γ) S + (scale·tril(Q Kᵀ) ⊙ Γ) V_new, written in place,
 /// S [d_k, d_v] the state entering the chunk. The read-out of S and the intra-chunk term are register-tile products
-/// (the second lower-triangular: entries above the diagonal never read); Q Kᵀ stays an Eigen product.
+/// (the second lower-triangular: entries above the diagonal never read), and so is the lower triangle of Q Kᵀ, against
+/// w.kt = Kᵀ of the chunk (gdn_keys_transposed, filled by the caller).
 template <class Arch>
-void gdn_output_tile(const_row_map Q, const_row_map K, const row_matrix& gm, const float* eg, float scale, const float* S,
-                     const_row_map Vn, row_map O, gdn_scratch& w) {
+void gdn_output_tile(const_row_map Q, const row_matrix& gm, const float* eg, float scale, const float* S, const_row_map Vn, row_map O,
+                     gdn_scratch& w) {
     const std::int64_t n = Q.rows(), dk = Q.cols(), dv = Vn.cols();
     for (std::int64_t i = 0; i < n; ++i) w.kd.row(i) = (scale * eg[i]) * Q.row(i);
     tile_product<Arch>(w.kd.data(), w.kd.outerStride(), 1, S, dv, O.data(), O.outerStride(), n, dv, dk, false);
-    w.kk.topLeftCorner(n, n).noalias() = Q * K.transpose();
+    gdn_lower_product<Arch>(Q.data(), Q.outerStride(), w.kt, w.kk.data(), w.kk.cols(), n);
     for (std::int64_t i = 0; i < n; ++i) {
         const float* qki = &w.kk(i, 0);
         const float* gmi = &gm(i, 0);
@@ -442,14 +525,17 @@ void gdn_wy_prepare(const Backend& be, const chunk_layout& chunks,
     detail::gdn_require(beta, {d.R, d.Hv}, false, who, "beta [n_rows, H_v]");
     detail::gdn_require(A, {d.R, d.Hv, Wd}, true, who, "A [n_rows, H_v, W]");
     detail::gdn_check_g_rows(chunks, g, who);
+    using Arch = typename Backend::arch;
     be.parallel_for(chunks.n_chunks() * d.Hv, 1, [&](std::int64_t i0, std::int64_t i1) {
         detail::gdn_scratch w(Wd, d.dk, 0);
         for (std::int64_t i = i0; i < i1; ++i) {
             const std::int64_t c = i / d.Hv, hv = i % d.Hv, t = chunks.row(c), n = chunks.length(c);
             for (std::int64_t j = 0; j < n; ++j) w.bet[static_cast<std::size_t>(j)] = beta(t + j, hv);
             detail::gdn_decay_mask_tile(g, t, hv, n, w.gm);
-            detail::gdn_wy_tile(detail::rows_of(k, t, hv / (d.Hv / d.Hk), n), w.bet.data(), w.gm,
-                                detail::row_map(&A(t, hv, 0), n, n, Eigen::OuterStride<>(A.strides[0])), w.kk);
+            const detail::const_row_map K = detail::rows_of(k, t, hv / (d.Hv / d.Hk), n);
+            detail::gdn_keys_transposed(K, w.kt);
+            detail::gdn_wy_tile<Arch>(K, w.kt, w.bet.data(), w.gm, detail::row_map(&A(t, hv, 0), n, n, Eigen::OuterStride<>(A.strides[0])),
+                                      w.kk);
             for (std::int64_t j = 0; j < n; ++j) std::fill(&A(t + j, hv, 0) + n, &A(t + j, hv, 0) + Wd, 0.f);
         }
     });
@@ -474,14 +560,15 @@ void gdn_intra_chunk_solve(const Backend& be, const chunk_layout& chunks,
     detail::gdn_require(A, {d.R, d.Hv, chunks.width()}, true, who, "A [n_rows, H_v, W]");
     detail::gdn_require(W, {d.R, d.Hv, d.dk}, true, who, "W [n_rows, H_v, d_k]");
     detail::gdn_require(U, {d.R, d.Hv, d.dv}, true, who, "U [n_rows, H_v, d_v]");
+    using Arch = typename Backend::arch;
     be.parallel_for(chunks.n_chunks() * d.Hv, 1, [&](std::int64_t i0, std::int64_t i1) {
-        detail::gdn_scratch w(chunks.width(), 0, 0);
+        detail::gdn_scratch w(chunks.width(), d.dk, d.dv);
         for (std::int64_t i = i0; i < i1; ++i) {
             const std::int64_t c = i / d.Hv, hv = i % d.Hv, t = chunks.row(c), n = chunks.length(c);
             detail::gdn_decays([&](std::int64_t j) { return gamma(t + j, hv); }, beta, t, hv, n, w);
             const detail::const_row_map Am(&A(t, hv, 0), n, n, Eigen::OuterStride<>(A.strides[0]));
-            detail::gdn_solve_tile(Am, detail::rows_of(k, t, hv / (d.Hv / d.Hk), n), detail::rows_of(v, t, hv, n), w.bet.data(),
-                                   w.eg.data(), detail::rows_of(W, t, hv, n), detail::rows_of(U, t, hv, n));
+            detail::gdn_solve_tile<Arch>(Am, detail::rows_of(k, t, hv / (d.Hv / d.Hk), n), detail::rows_of(v, t, hv, n), w.bet.data(),
+                                         w.eg.data(), detail::rows_of(W, t, hv, n), detail::rows_of(U, t, hv, n), w);
         }
     });
 }
@@ -564,8 +651,9 @@ void gdn_chunk_output(const Backend& be, const chunk_layout& chunks,
             const std::int64_t c = i / d.Hv, hv = i % d.Hv, hk = hv / (d.Hv / d.Hk), t = chunks.row(c), n = chunks.length(c);
             for (std::int64_t j = 0; j < n; ++j) w.eg[static_cast<std::size_t>(j)] = detail::decay_factor(gamma(t + j, hv));
             detail::gdn_decay_mask_tile(g, t, hv, n, w.gm);
-            detail::gdn_output_tile<Arch>(detail::rows_of(q, t, hk, n), detail::rows_of(k, t, hk, n), w.gm, w.eg.data(), scale,
-                                    &chunk_states(c, hv, 0, 0), detail::rows_of(v_new, t, hv, n), detail::rows_of(o, t, hv, n), w);
+            detail::gdn_keys_transposed(detail::rows_of(k, t, hk, n), w.kt);
+            detail::gdn_output_tile<Arch>(detail::rows_of(q, t, hk, n), w.gm, w.eg.data(), scale, &chunk_states(c, hv, 0, 0),
+                                          detail::rows_of(v_new, t, hv, n), detail::rows_of(o, t, hv, n), w);
         }
     });
 }
@@ -860,10 +948,11 @@ void gated_delta_rule_chunked(const Backend& be, const seq_batch& batch,
                 detail::gdn_cumsum_tile(g, t, hv, n, w.gamma.data());
                 detail::gdn_decays([&](std::int64_t j) { return w.gamma[static_cast<std::size_t>(j)]; }, beta, t, hv, n, w);
                 detail::gdn_decay_mask_tile(g, t, hv, n, w.gm);
-                detail::gdn_wy_tile(K, w.bet.data(), w.gm, A, w.kk);
-                detail::gdn_solve_tile(detail::as_const(A), K, detail::rows_of(v, t, hv, n), w.bet.data(), w.eg.data(), Wm, U);
+                detail::gdn_keys_transposed(K, w.kt);
+                detail::gdn_wy_tile<Arch>(K, w.kt, w.bet.data(), w.gm, A, w.kk);
+                detail::gdn_solve_tile<Arch>(detail::as_const(A), K, detail::rows_of(v, t, hv, n), w.bet.data(), w.eg.data(), Wm, U, w);
                 detail::gdn_new_values_tile<Arch>(detail::as_const(Wm), detail::as_const(U), S, Vn);
-                detail::gdn_output_tile<Arch>(Q, K, w.gm, w.eg.data(), scale, S, detail::as_const(Vn), detail::rows_of(o, t, hv, n), w);
+                detail::gdn_output_tile<Arch>(Q, w.gm, w.eg.data(), scale, S, detail::as_const(Vn), detail::rows_of(o, t, hv, n), w);
                 detail::gdn_state_update_tile<Arch>(S, K, w.gm, w.eg[static_cast<std::size_t>(n - 1)], detail::as_const(Vn), w.kd);
             }
         }

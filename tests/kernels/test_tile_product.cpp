@@ -1,7 +1,8 @@
 // The register-tile products of kernels/tile_product.hpp against plain fp64 loops, on AVX-512 (when this machine
 // has it), AVX2 and SSE2 tiles: odd sizes (tails of the SIMD width, of the tile's rows and vectors), A read by rows
-// and down columns (Aᵀ), strided rows, more than one pass of terms, = / += semantics, and the lower-triangular form's
-// causality (entries above A's diagonal never read, so a NaN there reaches no output).
+// and down columns (Aᵀ), strided rows, more than one pass of terms, = / += semantics, the lower-triangular forms'
+// causality (entries above A's diagonal never read, so a NaN there reaches no output) for tril(A)·B and tril(A)ᵀ·B, the
+// lower part of a product (written entries equal the whole product's), and the blocked transpose.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -28,15 +29,18 @@ struct product_case {
     std::int64_t a_row() const { return a_transposed ? 1 : L + pad; }
     std::int64_t a_col() const { return a_transposed ? I + pad : 1; }
     float A(std::int64_t i, std::int64_t l) const { return a[std::size_t(i * a_row() + l * a_col())]; }
-    /// Every output of c (row stride J + pad) within fp32 rounding of fp64 C (+)= tril?(A) · B: |error| ≤ 1e-5 times
-    /// the sum of the terms' magnitudes (the bound of a sum of ≤ 300 fp32 products, cancellation or not).
-    bool matches(const std::vector<float>& c, bool accumulate, bool lower) const {
+    enum class form { full, lower, lower_transposed };
+    /// Every output of c (row stride J + pad) within fp32 rounding of fp64 C (+)= A · B, tril(A) · B or tril(A)ᵀ · B:
+    /// |error| ≤ 1e-5 times the sum of the terms' magnitudes (the bound of a sum of ≤ 300 fp32 products, cancellation or
+    /// not).
+    bool matches(const std::vector<float>& c, bool accumulate, form f) const {
         for (std::int64_t i = 0; i < I; ++i)
             for (std::int64_t j = 0; j < J; ++j) {
                 const double c_in = accumulate ? double(c0[std::size_t(i * (J + pad) + j)]) : 0.0;
                 double s = c_in, mag = std::abs(c_in);
-                for (std::int64_t l = 0; l < (lower ? i + 1 : L); ++l) {
-                    const double t = double(A(i, l)) * double(b[std::size_t(l * (J + pad) + j)]);
+                const std::int64_t l0 = f == form::lower_transposed ? i : 0, l1 = f == form::lower ? i + 1 : L;
+                for (std::int64_t l = l0; l < l1; ++l) {
+                    const double t = double(f == form::lower_transposed ? A(l, i) : A(i, l)) * double(b[std::size_t(l * (J + pad) + j)]);
                     s += t;
                     mag += std::abs(t);
                 }
@@ -67,7 +71,7 @@ void check_arch(const char* name) {
                             auto c = p.c0;
                             kernels::detail::tile_product<Arch>(p.a.data(), p.a_row(), p.a_col(), p.b.data(), J + pad, c.data(), J + pad, I, J,
                                                                 L, accumulate);
-                            CHECK(p.matches(c, accumulate, false));
+                            CHECK(p.matches(c, accumulate, product_case::form::full));
                             for (std::int64_t i = 0; i < I; ++i)  // padding untouched
                                 for (std::int64_t e = J; e < J + pad; ++e) CHECK(c[std::size_t(i * (J + pad) + e)] == p.c0[std::size_t(i * (J + pad) + e)]);
                         }
@@ -81,18 +85,54 @@ void check_arch(const char* name) {
                         kernels::detail::tile_product_lower<Arch>(q.a.data(), q.a_row(), q.a_col(), q.b.data(), J + pad, d.data(), J + pad, I, J,
                                                                   accumulate);
                         for (float v : d) CHECK(std::isfinite(v));
-                        CHECK(q.matches(d, accumulate, true));
+                        CHECK(q.matches(d, accumulate, product_case::form::lower));
+                        // tril(A)ᵀ · B with the same A: row i sums the rows l ≥ i.
+                        auto e = q.c0;
+                        kernels::detail::tile_product_lower_transposed<Arch>(q.a.data(), q.a_row(), q.a_col(), q.b.data(), J + pad, e.data(),
+                                                                             J + pad, I, J, accumulate);
+                        for (float v : e) CHECK(std::isfinite(v));
+                        CHECK(q.matches(e, accumulate, product_case::form::lower_transposed));
                     }
+    // The lower part of a square product C = A · B [I, I]: entries on and below the diagonal as the whole product's
+    // (same bits), every other entry either untouched or the whole product's.
+    for (std::int64_t I : {1, 5, 7, 13, 16, 37, 64, 100})
+        for (std::int64_t L : {1, 19, 128}) {
+            CAPTURE(I);
+            CAPTURE(L);
+            const auto a = test::uniform(std::size_t(I * L), -1.f, 1.f, seed += 5), b = test::uniform(std::size_t(L * I), -1.f, 1.f, seed += 5);
+            std::vector<float> whole(std::size_t(I * I)), part(whole.size(), 7.f);
+            kernels::detail::tile_product<Arch>(a.data(), L, 1, b.data(), I, whole.data(), I, I, I, L, false);
+            kernels::detail::tile_product_lower_part<Arch>(a.data(), L, 1, b.data(), I, part.data(), I, I, L);
+            for (std::int64_t i = 0; i < I; ++i)
+                for (std::int64_t j = 0; j < I; ++j) {
+                    const float got = part[std::size_t(i * I + j)], want = whole[std::size_t(i * I + j)];
+                    if (j <= i) CHECK(got == want);
+                    else CHECK((got == want || got == 7.f));
+                }
+        }
 }
 
 }  // namespace
 
-TEST_CASE("tile_product and tile_product_lower equal fp64 loops on every tile shape; odd sizes, Aᵀ, strides, passes") {
+TEST_CASE("tile_product, tile_product_lower and tile_product_lower_transposed equal fp64 loops on every tile shape; odd sizes, Aᵀ, strides, passes") {
 #if defined(__AVX512F__)
     check_arch<xsimd::avx512f>("avx512f");
 #endif
     if constexpr (xsimd::avx2::supported()) check_arch<xsimd::avx2>("avx2");
     if constexpr (xsimd::sse2::supported()) check_arch<xsimd::sse2>("sse2");
+}
+
+TEST_CASE("transpose_rows: strided source and destination, sizes around the block of 8") {
+    for (std::int64_t rows : {1, 7, 8, 9, 64})
+        for (std::int64_t cols : {1, 5, 128}) {
+            const std::int64_t lds = cols + 3, ldd = rows + 2;
+            const auto src = test::uniform(std::size_t(rows * lds), -1.f, 1.f, std::uint64_t(rows * 1000 + cols));
+            std::vector<float> dst(std::size_t(cols * ldd), 9.f);
+            kernels::detail::transpose_rows(src.data(), lds, rows, cols, dst.data(), ldd);
+            for (std::int64_t j = 0; j < cols; ++j)
+                for (std::int64_t i = 0; i < ldd; ++i)
+                    CHECK(dst[std::size_t(j * ldd + i)] == (i < rows ? src[std::size_t(i * lds + j)] : 9.f));
+        }
 }
 
 TEST_CASE("tile_product: within one pass, the same product added twice onto zeros is exactly twice it; L = 0 overwrites with zeros") {

@@ -274,60 +274,23 @@ inline void gdn_decay_mask_tile(tensor_view<const float, 2> g, std::int64_t t, s
 }
 
 /// Kᵀ [d_k, n] of one chunk's keys K [n, d_k] into kt: the right-hand operand of the chunk's K Kᵀ and Q Kᵀ, whose rows
-/// the register-tile product reads contiguously. In blocks of 8 keys: the keys of a [n_rows, H, d_k] tensor lie a
-/// power-of-two stride apart and share cache sets, so a block is kept below the cache's associativity.
+/// the register-tile product reads contiguously.
 inline void gdn_keys_transposed(const_row_map K, row_matrix& kt) {
-    constexpr std::int64_t block = 8;
-    const std::int64_t n = K.rows(), dk = K.cols(), ld = kt.cols(), ldk = K.outerStride();
-    for (std::int64_t i0 = 0; i0 < n; i0 += block) {
-        const std::int64_t m = std::min(block, n - i0);
-        const float* k = K.data() + i0 * ldk;
-        float* dst = kt.data() + i0;
-        for (std::int64_t a = 0; a < dk; ++a)
-            for (std::int64_t i = 0; i < m; ++i) dst[a * ld + i] = k[i * ldk + a];
-    }
-}
-
-/// The lower triangle (diagonal included) of X Kᵀ [n, n] into c (row stride ldc), X [n, L] by rows at stride ldx and
-/// kt = Kᵀ: tile_product on blocks of two row tiles, each taking the columns up to its last row rounded up to whole SIMD
-/// vectors; entries further right in those vectors are computed too, the rest of the upper triangle is not written.
-/// Every written entry has tile_product's bits for the whole product.
-template <class Arch>
-void gdn_lower_product(const float* x, std::int64_t ldx, const row_matrix& kt, float* c, std::int64_t ldc, std::int64_t n) {
-    constexpr std::int64_t W = static_cast<std::int64_t>(xsimd::batch<float, Arch>::size);
-    constexpr std::int64_t rows = 2 * tile_product_tiles<Arch>::R;
-    for (std::int64_t i0 = 0; i0 < n; i0 += rows) {
-        const std::int64_t m = std::min(rows, n - i0), J = std::min(n, (i0 + m + W - 1) / W * W);
-        tile_product<Arch>(x + i0 * ldx, ldx, 1, kt.data(), kt.cols(), c + i0 * ldc, ldc, m, J, kt.rows(), false);
-    }
+    transpose_rows(K.data(), K.outerStride(), K.rows(), K.cols(), kt.data(), kt.cols());
 }
 
 /// Stage gdn_wy_prepare, one (chunk, head): A [n, n] with A_ij = β_i (k_i·k_j) Γ_ij for j < i and 0 for j ≥ i. The lower
-/// triangle of K Kᵀ is a register-tile product (gdn_lower_product) against kt = Kᵀ (gdn_keys_transposed).
+/// triangle of K Kᵀ is a register-tile product (tile_product_lower_part) against kt = Kᵀ (gdn_keys_transposed).
 template <class Arch>
 void gdn_wy_tile(const_row_map K, const row_matrix& kt, const float* bet, const row_matrix& gm, row_map A, row_matrix& kk) {
     const std::int64_t n = K.rows();
-    gdn_lower_product<Arch>(K.data(), K.outerStride(), kt, kk.data(), kk.cols(), n);
+    tile_product_lower_part<Arch>(K.data(), K.outerStride(), 1, kt.data(), kt.cols(), kk.data(), kk.cols(), n, K.cols());
     for (std::int64_t i = 0; i < n; ++i) {
         const float* kki = &kk(i, 0);
         const float* gmi = &gm(i, 0);
         float* ai = &A(i, 0);
         for (std::int64_t j = 0; j < i; ++j) ai[j] = bet[i] * kki[j] * gmi[j];
         std::fill(ai + i, ai + n, 0.f);
-    }
-}
-
-/// X ← (I + A)⁻¹ X for A [n, n] strictly lower (diagonal and upper part not read), X [n, m]: forward substitution in
-/// blocks of 16 rows, each block first updated by one GEMM with the rows solved before it, then solved against its
-/// 16 × 16 diagonal block. (Eigen's own triangular solve runs chunk-sized systems in its unblocked kernel, at under half
-/// this speed.) Row i of the result depends on rows ≤ i of A and X only.
-inline void unit_lower_solve(const const_row_map& A, row_map X) {
-    constexpr std::int64_t block = 16;
-    const std::int64_t n = A.rows();
-    for (std::int64_t b = 0; b < n; b += block) {
-        const std::int64_t m = std::min(block, n - b);
-        if (b > 0) X.middleRows(b, m).noalias() -= A.block(b, 0, m, b) * X.topRows(b);
-        A.block(b, b, m, m).triangularView<Eigen::UnitLower>().solveInPlace(X.middleRows(b, m));
     }
 }
 
@@ -416,7 +379,7 @@ void gdn_output_tile(const_row_map Q, const row_matrix& gm, const float* eg, flo
     const std::int64_t n = Q.rows(), dk = Q.cols(), dv = Vn.cols();
     for (std::int64_t i = 0; i < n; ++i) w.kd.row(i) = (scale * eg[i]) * Q.row(i);
     tile_product<Arch>(w.kd.data(), w.kd.outerStride(), 1, S, dv, O.data(), O.outerStride(), n, dv, dk, false);
-    gdn_lower_product<Arch>(Q.data(), Q.outerStride(), w.kt, w.kk.data(), w.kk.cols(), n);
+    tile_product_lower_part<Arch>(Q.data(), Q.outerStride(), 1, w.kt.data(), w.kt.cols(), w.kk.data(), w.kk.cols(), n, dk);
     for (std::int64_t i = 0; i < n; ++i) {
         const float* qki = &w.kk(i, 0);
         const float* gmi = &gm(i, 0);

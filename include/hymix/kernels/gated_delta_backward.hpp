@@ -273,9 +273,12 @@ struct gdn_bwd_scratch {
     Eigen::VectorXf eg_store, bet_store;                   // per chunk: e^γ, β [C]
     std::vector<float> gamma, eg, bet, dgam;     // [C]; dgam ends as dg of the chunk's rows
     std::vector<float> dbet, col;                // [C] dβ of the chunk's rows; pair-term column suffix sums
-    row_matrix gm, kk, a, p, dp, da;             // [C, C]; dp and da are only ever written on and below the
-                                                 // diagonal, so above it they keep the zeros they start with
+    row_matrix gm, kk, a, p, dp, da;             // [C, C]; kk, p, dp and da are read on and below the diagonal only
+    row_matrix t;                                // [C, C'] (I + A)⁻¹, C' = C rounded up to 16
     row_matrix kd, kl, qc, kc;                   // [C, d_k]; qc, kc: the chunk's Q and K rows, gathered
+    row_matrix kt, ut;                           // [d_k, C], [d_v, C]: Kᵀ and Uᵀ of the chunk
+    row_matrix r;                                // [C, d_v]: R in the forward sweep, dU in the backward sweep
+    row_matrix st, dst;                          // [d_v, d_k]: Sᵀ and dS'ᵀ
     row_matrix y;                                // [2C, d_v]: dO rows, then dR rows
     row_matrix z, lhs;                           // [2C, d_k]: Y Sᵀ; [scale·Q ⊙ e^γ ; −K ⊙ β e^γ]
     row_matrix uds;                              // [C, d_k]: U dSᵀ
@@ -283,12 +286,10 @@ struct gdn_bwd_scratch {
     row_matrix ds, ds_prev;                      // [d_k, d_v]: dS and its update
     gdn_bwd_scratch(std::int64_t C_, std::int64_t dk_, std::int64_t dv_)
         : C(C_), dk(dk_), dv(dv_), gamma(static_cast<std::size_t>(C_)), eg(gamma.size()), bet(gamma.size()), dgam(gamma.size()),
-          dbet(gamma.size()), col(gamma.size()), gm(C_, C_), kk(C_, C_), a(C_, C_), p(C_, C_), dp(C_, C_), da(C_, C_), kd(C_, dk_),
-          kl(C_, dk_), qc(C_, dk_), kc(C_, dk_), y(2 * C_, dv_), z(2 * C_, dk_), lhs(2 * C_, dk_), uds(C_, dk_), dqc(C_, dk_), dkc(C_, dk_), dvc(C_, dv_),
-          ds(dk_, dv_), ds_prev(dk_, dv_) {
-        dp.setZero();
-        da.setZero();
-    }
+          dbet(gamma.size()), col(gamma.size()), gm(C_, C_), kk(C_, C_), a(C_, C_), p(C_, C_), dp(C_, C_), da(C_, C_),
+          t(C_, (C_ + 15) / 16 * 16), kd(C_, dk_), kl(C_, dk_), qc(C_, dk_), kc(C_, dk_), kt(dk_, C_), ut(dv_, C_), r(C_, dv_), st(dv_, dk_),
+          dst(dv_, dk_), y(2 * C_, dv_), z(2 * C_, dk_), lhs(2 * C_, dk_), uds(C_, dk_), dqc(C_, dk_), dkc(C_, dk_), dvc(C_, dv_),
+          ds(dk_, dv_), ds_prev(dk_, dv_) {}
     /// Room for the per-chunk store of a sequence of nc chunks (grows only; contents are not initialised).
     void reserve_chunks(std::int64_t nc) {
         const auto grow = [&](Eigen::VectorXf& x, std::int64_t per) {
@@ -356,19 +357,6 @@ inline float sum_fixed(const float* a, std::int64_t n) {
     return xsimd::hadd(s0 + s1) + tail;
 }
 
-/// X ← (I + A)⁻ᵀ X for A [n, n] strictly lower (diagonal and upper part not read), X [n, m]: backward substitution
-/// X_i = X_i − Σ_{j>i} A_ji X_j in blocks of 16 rows from the bottom (one GEMM with the rows solved after each block,
-/// then the transposed 16 × 16 diagonal block). Row i of the result depends on rows ≥ i of X only.
-inline void unit_lower_transposed_solve(const const_row_map& A, row_map X) {
-    constexpr std::int64_t block = 16;
-    const std::int64_t n = A.rows();
-    for (std::int64_t end = n; end > 0; end -= block) {
-        const std::int64_t b = std::max<std::int64_t>(0, end - block), m = end - b;
-        if (end < n) X.middleRows(b, m).noalias() -= A.block(end, b, n - end, m).transpose() * X.bottomRows(n - end);
-        A.block(b, b, m, m).transpose().triangularView<Eigen::UnitUpper>().solveInPlace(X.middleRows(b, m));
-    }
-}
-
 /// The per-chunk quantities of the forward sweep from g and β: γ, e^γ (flushed) and β (kept for the backward sweep, as
 /// is the mask Γ).
 inline void gdn_bwd_decays(tensor_view<const float, 2> g, tensor_view<const float, 2> beta, std::int64_t t, std::int64_t hv,
@@ -382,13 +370,16 @@ inline void gdn_bwd_decays(tensor_view<const float, 2> g, tensor_view<const floa
 
 /// Forward sweep, one chunk (rows [t, t + n) of value head hv) of a sequence of nc chunks: from the state S entering it
 /// (slot i of the store), stores e^γ, β, Γ, KG = strict_lower(K Kᵀ ⊙ Γ) and U = (I + A)⁻¹ R, R = diag(β)(V − (K ⊙ e^γ) S),
-/// in slot i, and the state leaving it in slot i + 1 (when there is a next chunk).
-inline void gdn_bwd_forward_chunk(tensor_view<const float, 2> g, std::int64_t t, std::int64_t hv, const_row_map K_in, const_row_map V,
-                                  std::int64_t i, std::int64_t nc, std::int64_t n, gdn_bwd_scratch& w) {
+/// in slot i, and the state leaving it in slot i + 1 (when there is a next chunk). Every product is a register-tile
+/// product (tile_product.hpp), U through T = (I + A)⁻¹ as in the forward kernel.
+template <class Arch>
+void gdn_bwd_forward_chunk(tensor_view<const float, 2> g, std::int64_t t, std::int64_t hv, const_row_map K_in, const_row_map V,
+                           std::int64_t i, std::int64_t nc, std::int64_t n, gdn_bwd_scratch& w) {
+    const std::int64_t dk = w.dk, dv = w.dv;
     // The chunk's keys gathered into contiguous rows: rows of one head in a [n_rows, H, d] tensor lie H·d floats apart,
     // a power-of-two stride whose rows fall into the same cache sets.
     w.kc.topRows(n) = K_in;
-    const const_row_map K(w.kc.data(), n, w.dk, Eigen::OuterStride<>(w.dk));
+    const const_row_map K(w.kc.data(), n, dk, Eigen::OuterStride<>(dk));
     gdn_decay_mask_tile(g, t, hv, n, w.gm);
     w.GM_of(i, n) = w.gm.topLeftCorner(n, n);
     std::copy_n(w.eg.begin(), n, w.eg_store.data() + i * w.C);
@@ -396,7 +387,8 @@ inline void gdn_bwd_forward_chunk(tensor_view<const float, 2> g, std::int64_t t,
     const Eigen::Map<row_matrix> S = w.S_of(i);
     row_map KG = w.KG_of(i, n), U = w.U_of(i, n);
     row_map A(w.a.data(), n, n, Eigen::OuterStride<>(w.a.cols()));
-    w.kk.topLeftCorner(n, n).triangularView<Eigen::Lower>() = K * K.transpose();
+    transpose_rows(w.kc.data(), dk, n, dk, w.kt.data(), w.kt.cols());
+    tile_product_lower_part<Arch>(w.kc.data(), dk, 1, w.kt.data(), w.kt.cols(), w.kk.data(), w.kk.cols(), n, w.kt.rows());
     for (std::int64_t r = 0; r < n; ++r) {
         for (std::int64_t c = 0; c < r; ++c) {
             KG(r, c) = w.kk(r, c) * w.gm(r, c);
@@ -405,28 +397,31 @@ inline void gdn_bwd_forward_chunk(tensor_view<const float, 2> g, std::int64_t t,
         for (std::int64_t c = r; c < n; ++c) KG(r, c) = 0.f;
         w.kd.row(r) = w.eg[static_cast<std::size_t>(r)] * K.row(r);
     }
-    U = V;
-    U.noalias() -= w.kd.topRows(n) * S;
-    for (std::int64_t r = 0; r < n; ++r) U.row(r) *= w.bet[static_cast<std::size_t>(r)];
-    unit_lower_solve(as_const(A), U);
+    // R = diag(β)(V − (K ⊙ e^γ) S), then U = T R.
+    tile_product<Arch>(w.kd.data(), dk, 1, S.data(), dv, w.r.data(), dv, n, dv, dk, false);
+    for (std::int64_t r = 0; r < n; ++r) w.r.row(r) = w.bet[static_cast<std::size_t>(r)] * (V.row(r) - w.r.row(r));
+    unit_lower_inverse<Arch>(as_const(A), w.t);
+    tile_product_lower<Arch>(w.t.data(), w.t.cols(), 1, w.r.data(), dv, U.data(), dv, n, dv, false);
     if (i + 1 == nc) return;  // the state after the last chunk is not needed
     // S' = e^{γ_last} S + (K ⊙ Γ_last,·)ᵀ U.
     Eigen::Map<row_matrix> Sn = w.S_of(i + 1);
     for (std::int64_t r = 0; r < n; ++r) w.kd.row(r) = w.gm(n - 1, r) * K.row(r);
     Sn = w.eg[static_cast<std::size_t>(n - 1)] * S;
-    Sn.noalias() += w.kd.topRows(n).transpose() * U;
+    tile_product<Arch>(w.kd.data(), 1, dk, U.data(), dv, Sn.data(), dv, dk, dv, n, true);
 }
 
 /// Backward sweep, one chunk (slot i of the store; w.ds holds dS', the gradient of the state leaving the chunk, and
 /// becomes the gradient of the state entering it). Writes the chunk's dV into dV, and dQ, dK (of this value head), dβ and
-/// dg into w.dqc, w.dkc, w.dbet and w.dgam.
-inline void gdn_bwd_backward_chunk(const_row_map Q_in, const_row_map K_in, const_row_map V, const_row_map dO_in, float scale,
+/// dg into w.dqc, w.dkc, w.dbet and w.dgam. The products are register-tile products (tile_product.hpp); the transposed
+/// operands they need as rows (Kᵀ, Uᵀ, Sᵀ, dS'ᵀ) are copied once per chunk.
+template <class Arch>
+void gdn_bwd_backward_chunk(const_row_map Q_in, const_row_map K_in, const_row_map V, const_row_map dO_in, float scale,
                                    std::int64_t i, std::int64_t n, row_map dV, gdn_bwd_scratch& w) {
     const auto sz = [](std::int64_t x) { return static_cast<std::size_t>(x); };
     w.gm.topLeftCorner(n, n) = w.GM_of(i, n);
     const Eigen::Map<row_matrix> S = w.S_of(i);
     row_map U = w.U_of(i, n), KG = w.KG_of(i, n);
-    const std::int64_t last = n - 1, dk = w.dk;
+    const std::int64_t last = n - 1, dk = w.dk, dv = w.dv;
     const float eg_last = w.eg[sz(last)];
     auto P = w.p.topLeftCorner(n, n), dP = w.dp.topLeftCorner(n, n), DA = w.da.topLeftCorner(n, n);
     row_map A(w.a.data(), n, n, Eigen::OuterStride<>(w.a.cols()));
@@ -439,24 +434,29 @@ inline void gdn_bwd_backward_chunk(const_row_map Q_in, const_row_map K_in, const
     Y.topRows(n) = dO_in;
     const const_row_map Q(w.qc.data(), n, dk, Eigen::OuterStride<>(dk)), K(w.kc.data(), n, dk, Eigen::OuterStride<>(dk)),
         dO(Y.data(), n, w.dv, Eigen::OuterStride<>(w.dv));
+    transpose_rows(w.kc.data(), dk, n, dk, w.kt.data(), w.kt.cols());
+    transpose_rows(U.data(), dv, n, dv, w.ut.data(), w.ut.cols());
+    transpose_rows(S.data(), dv, dk, dv, w.st.data(), dk);
+    transpose_rows(w.ds.data(), dv, dk, dv, w.dst.data(), dk);
     // P = scale·tril(Q Kᵀ) ⊙ Γ; dP = tril(dO Uᵀ); A = diag(β) KG.
-    w.kk.topLeftCorner(n, n).triangularView<Eigen::Lower>() = Q * K.transpose();
-    dP.triangularView<Eigen::Lower>() = dO * U.transpose();
+    tile_product_lower_part<Arch>(w.qc.data(), dk, 1, w.kt.data(), w.kt.cols(), w.kk.data(), w.kk.cols(), n, w.kt.rows());
+    tile_product_lower_part<Arch>(Y.data(), dv, 1, w.ut.data(), w.ut.cols(), w.dp.data(), w.dp.cols(), n, w.ut.rows());
     for (std::int64_t r = 0; r < n; ++r) {
         for (std::int64_t c = 0; c <= r; ++c) P(r, c) = scale * w.kk(r, c) * w.gm(r, c);
-        for (std::int64_t c = r + 1; c < n; ++c) P(r, c) = 0.f;
         for (std::int64_t c = 0; c < r; ++c) A(r, c) = w.bet[sz(r)] * KG(r, c);
         w.kl.row(r) = w.gm(last, r) * K.row(r);
     }
-    // dU = Pᵀ dO + (K ⊙ Γ_last) dS' (into the dR rows of Y), then dR = (I + A)⁻ᵀ dU; U dS'ᵀ for dK and dγ.
-    dR.noalias() = P.triangularView<Eigen::Lower>().transpose() * dO;
-    dR.noalias() += w.kl.topRows(n) * w.ds;
-    unit_lower_transposed_solve(as_const(A), row_map(dR.data(), n, w.dv, Eigen::OuterStride<>(w.dv)));
-    w.uds.topRows(n).noalias() = U * w.ds.transpose();
-    // dA = −strict_lower(dR Uᵀ): DA holds dR Uᵀ.
-    DA.triangularView<Eigen::Lower>() = dR * U.transpose();
+    // dU = Pᵀ dO + (K ⊙ Γ_last) dS' (into w.r), then dR = (I + A)⁻ᵀ dU = Tᵀ dU (into the dR rows of Y); U dS'ᵀ for dK
+    // and dγ.
+    tile_product_lower_transposed<Arch>(w.p.data(), w.p.cols(), 1, Y.data(), dv, w.r.data(), dv, n, dv, false);
+    tile_product<Arch>(w.kl.data(), dk, 1, w.ds.data(), dv, w.r.data(), dv, n, dv, dk, true);
+    unit_lower_inverse<Arch>(as_const(A), w.t);
+    tile_product_lower_transposed<Arch>(w.t.data(), w.t.cols(), 1, w.r.data(), dv, dR.data(), dv, n, dv, false);
+    tile_product<Arch>(U.data(), dv, 1, w.dst.data(), dk, w.uds.data(), dk, n, dk, dv, false);
+    // dA = −strict_lower(dR Uᵀ): DA holds dR Uᵀ (on and below the diagonal).
+    tile_product_lower_part<Arch>(dR.data(), dv, 1, w.ut.data(), w.ut.cols(), w.da.data(), w.da.cols(), n, w.ut.rows());
     // Z = [dO; dR] Sᵀ: rows S do_i and S dR_i.
-    Z.noalias() = Y * S.transpose();
+    tile_product<Arch>(Y.data(), dv, 1, w.st.data(), dk, Z.data(), dk, 2 * n, dk, dv, false);
     // Per-row scalars. dβ; the log-decay terms split as single terms y_r (factors e^{γ_r}: they reach g_m for m ≤ r) and
     // pair terms X_rc, c < r (factors Γ_rc = e^{γ_r − γ_c}: they reach g_m for c < m ≤ r), each the product of a masked
     // factor with its own gradient. Diagonal pairs (Γ_rr = 1) reach no g_m and are never formed, so dg has no
@@ -502,9 +502,9 @@ inline void gdn_bwd_backward_chunk(const_row_map Q_in, const_row_map K_in, const
     }
     for (std::int64_t r = 0; r < n; ++r)  // A ← M + Mᵀ (M strictly lower, zero elsewhere)
         for (std::int64_t c = 0; c < r; ++c) A(c, r) = A(r, c);
-    dQ.noalias() += P.triangularView<Eigen::Lower>() * K;
-    dK.noalias() += P.triangularView<Eigen::Lower>().transpose() * Q;
-    dK.noalias() += A * K;  // one dense product beats two triangular ones at chunk sizes
+    tile_product_lower<Arch>(w.p.data(), w.p.cols(), 1, w.kc.data(), dk, dQ.data(), dk, n, dk, true);
+    tile_product_lower_transposed<Arch>(w.p.data(), w.p.cols(), 1, w.qc.data(), dk, dK.data(), dk, n, dk, true);
+    tile_product<Arch>(w.a.data(), w.a.cols(), 1, w.kc.data(), dk, dK.data(), dk, n, dk, n, true);  // (M + Mᵀ) K, one dense product
     for (std::int64_t r = 0; r < n; ++r) dV.row(r) = w.bet[sz(r)] * dR.row(r);
     // dS = e^{γ_last} dS' + [scale·Q ⊙ e^γ ; −K ⊙ β e^γ]ᵀ [dO; dR].
     for (std::int64_t r = 0; r < n; ++r) {
@@ -512,7 +512,7 @@ inline void gdn_bwd_backward_chunk(const_row_map Q_in, const_row_map K_in, const
         L.row(n + r) = (-w.bet[sz(r)] * w.eg[sz(r)]) * K.row(r);
     }
     w.ds_prev = eg_last * w.ds;
-    w.ds_prev.noalias() += L.transpose() * Y;
+    tile_product<Arch>(L.data(), 1, dk, Y.data(), dv, w.ds_prev.data(), dv, dk, dv, 2 * n, true);
     w.ds.swap(w.ds_prev);
 }
 
@@ -550,6 +550,7 @@ void gated_delta_rule_chunked_backward(const Backend& be, const seq_batch& batch
     detail::zero_uncovered_grad_rows(batch, dbeta);
     detail::zero_all(dstate0);
     const chunk_layout chunks = gdn_chunk_layout(batch, chunk);
+    using Arch = typename Backend::arch;
     // With grouped value heads, dq and dk are staged per value head and summed afterwards in head order.
     const bool staged = r > 1 && (dq.data || dk.data);
     detail::aligned_floats stage(staged ? static_cast<std::size_t>(2 * n * Hv * Dk) : 0);
@@ -570,7 +571,7 @@ void gated_delta_rule_chunked_backward(const Backend& be, const seq_batch& batch
             for (std::int64_t ci = 0; ci < nc; ++ci) {
                 const std::int64_t t = chunks.row(c0 + ci), len = chunks.length(c0 + ci);
                 detail::gdn_bwd_decays(g, beta, t, hv, len, w);
-                detail::gdn_bwd_forward_chunk(g, t, hv, detail::rows_of(k, t, hk, len), detail::rows_of(v, t, hv, len), ci, nc, len, w);
+                detail::gdn_bwd_forward_chunk<Arch>(g, t, hv, detail::rows_of(k, t, hk, len), detail::rows_of(v, t, hv, len), ci, nc, len, w);
             }
             // Backward sweep, last chunk first, dS' = 0 after the last token.
             w.ds.setZero();
@@ -579,7 +580,7 @@ void gated_delta_rule_chunked_backward(const Backend& be, const seq_batch& batch
                 w.load_decays(ci, len);
                 const detail::row_map dV = dv.data ? detail::rows_of(dv, t, hv, len)
                                                    : detail::row_map(w.dvc.data(), len, Dv, Eigen::OuterStride<>(Dv));
-                detail::gdn_bwd_backward_chunk(detail::rows_of(q, t, hk, len), detail::rows_of(k, t, hk, len),
+                detail::gdn_bwd_backward_chunk<Arch>(detail::rows_of(q, t, hk, len), detail::rows_of(k, t, hk, len),
                                                detail::rows_of(v, t, hv, len), detail::rows_of(d_o, t, hv, len), scale, ci, len, dV, w);
                 for (std::int64_t j = 0; j < len; ++j) {
                     if (dbeta.data) dbeta(t + j, hv) = w.dbet[static_cast<std::size_t>(j)];

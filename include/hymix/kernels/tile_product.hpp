@@ -1,6 +1,7 @@
 // Register-tile matrix products C (+)= A · B for the CPU fp32 kernels whose operands are small or oddly strided:
 // the projections' backward (dx = dy · W, dW += dyᵀ · x), the chunked SSD forward (the state update Xᵀ·B, the
-// read-out of the entering state, the intra-chunk product tril(M)·X) and the SSD backward. B's rows are contiguous
+// read-out of the entering state, the intra-chunk product tril(M)·X), the chunked gated delta rule and the backwards of
+// both. B's rows are contiguous
 // (unit inner stride); A is read element by element at any pair of strides, so Aᵀ costs nothing. Each step
 // broadcasts R values of A against VC vectors of one row of B; nothing is packed, transposed or zeroed first, which
 // is what makes these products fast at chunk sizes (64 × 64 × 128) where a general GEMM spends its time packing.
@@ -157,6 +158,49 @@ void tile_product_lower(const float* a, std::int64_t a_row, std::int64_t a_col, 
             for (std::int64_t l = 0; l <= i; ++l) s = tail_mul_add<Arch>(a[i * a_row + l * a_col], b[l * ldb + j], s);
             c[i * ldc + j] = accumulate ? c[i * ldc + j] + s : s;
         }
+}
+
+/// C [I, J] (+)= tril(A)ᵀ · B for a square A [I, I] (A(i, l) = a[i·a_row + l·a_col]; entries above the diagonal never
+/// read) and B [I, J] by rows: output row i sums the terms l ≥ i, from l = I − 1 down to i. It is tile_product_lower on
+/// the rows taken in reverse order (negative strides), so it rounds as that function does, and output row i depends on
+/// rows ≥ i of B only: the adjoint of a causal product (the backward of tril(P)·V, or a transposed triangular solve).
+template <class Arch>
+void tile_product_lower_transposed(const float* a, std::int64_t a_row, std::int64_t a_col, const float* b, std::int64_t ldb, float* c,
+                                   std::int64_t ldc, std::int64_t I, std::int64_t J, bool accumulate) {
+    if (I == 0) return;
+    // Row i' = I − 1 − i of the reversed problem takes Aᵀ(i, l) = A(l, i) at term l' = I − 1 − l.
+    tile_product_lower<Arch>(a + (I - 1) * (a_row + a_col), -a_col, -a_row, b + (I - 1) * ldb, -ldb, c + (I - 1) * ldc, -ldc, I, J,
+                             accumulate);
+}
+
+/// The lower triangle (diagonal included) of C = A · B for a square C [I, I]: A [I, L] strided as in tile_product, B
+/// [L, I] by rows (for C = X Yᵀ, B is Yᵀ: see transpose_rows). Rows go in blocks of two row tiles, each block taking the
+/// columns up to its last row rounded up to whole SIMD vectors (about half the work of the whole product at chunk
+/// sizes). Entries right of the diagonal inside those vectors are written too, with the product's values; the rest of
+/// the upper triangle is left as it was. Every written entry has the bits tile_product gives it.
+template <class Arch>
+void tile_product_lower_part(const float* a, std::int64_t a_row, std::int64_t a_col, const float* b, std::int64_t ldb, float* c,
+                             std::int64_t ldc, std::int64_t I, std::int64_t L) {
+    constexpr std::int64_t W = static_cast<std::int64_t>(xsimd::batch<float, Arch>::size);
+    constexpr std::int64_t rows = 2 * tile_product_tiles<Arch>::R;
+    for (std::int64_t i0 = 0; i0 < I; i0 += rows) {
+        const std::int64_t m = std::min(rows, I - i0), J = std::min(I, (i0 + m + W - 1) / W * W);
+        tile_product<Arch>(a + i0 * a_row, a_row, a_col, b, ldb, c + i0 * ldc, ldc, m, J, L, false);
+    }
+}
+
+/// dst [cols, rows] = srcᵀ for src [rows, cols] (row strides lds and ldd): the transposed operands the products above
+/// read as rows. In blocks of 8 source rows: rows of one head in a [n_rows, H, d] tensor lie a power-of-two stride
+/// apart and share cache sets, so a block stays below the cache's associativity while its columns go out as runs.
+inline void transpose_rows(const float* src, std::int64_t lds, std::int64_t rows, std::int64_t cols, float* dst, std::int64_t ldd) {
+    constexpr std::int64_t block = 8;
+    for (std::int64_t i0 = 0; i0 < rows; i0 += block) {
+        const std::int64_t m = std::min(block, rows - i0);
+        const float* s = src + i0 * lds;
+        float* d = dst + i0;
+        for (std::int64_t j = 0; j < cols; ++j)
+            for (std::int64_t i = 0; i < m; ++i) d[j * ldd + i] = s[i * lds + j];
+    }
 }
 
 }  // namespace hymix::kernels::detail

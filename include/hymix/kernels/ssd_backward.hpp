@@ -211,10 +211,11 @@ struct ssd_bwd_scratch {
     ssd_row_matrix U, dU;                           // [W, P]
     ssd_row_matrix T1, Bw, dCt;                     // [W, N]
     ssd_row_matrix UW;                              // [W, hpg·P] diag(w) U of every head of the group, side by side
+    ssd_row_matrix bt, ut, dst;                     // [N, W] Bᵀ, [P, W] Uᵀ, [N, P] dSᵀ: transposed operands as rows
     ssd_bwd_scratch(std::int64_t W, std::int64_t P, std::int64_t N, std::int64_t hpg)
         : alpha(static_cast<std::size_t>(W)), dalpha(static_cast<std::size_t>(W)), dtl(W), eal(W), wl(W), rows(W), dvec(P),
           cols(W), CB(W, W), E(W, W), M(W, W), dM(W, W), dCB(W, W), U(W, P),
-          dU(W, P), T1(W, N), Bw(W, N), dCt(W, N), UW(W, hpg * P), dims{W, P, N, hpg} {}
+          dU(W, P), T1(W, N), Bw(W, N), dCt(W, N), UW(W, hpg * P), bt(N, W), ut(P, W), dst(N, P), dims{W, P, N, hpg} {}
     /// The calling thread's scratch for these sizes, kept between calls (a phase-2 task never runs another one
     /// inside it, so one per thread suffices; megabytes of fresh pages per call would cost page faults).
     static ssd_bwd_scratch& for_thread(std::int64_t W, std::int64_t P, std::int64_t N, std::int64_t hpg) {
@@ -336,7 +337,10 @@ void ssd_bwd_chunk_group(const ssd_inputs<float>& in, const chunk_layout& chunks
     auto dCB = w.dCB.topLeftCorner(L, L);
     auto U = w.U.topRows(L), dU = w.dU.topRows(L);
     auto T1 = w.T1.topRows(L), Bw = w.Bw.topRows(L), dCt = w.dCt.topRows(L), UW = w.UW.topRows(L);
-    CB.noalias() = Cm * Bm.transpose();
+    // C Bᵀ on and below the diagonal (the only part M reads), against Bᵀ copied once per chunk; every product of this
+    // function is a register-tile product (tile_product.hpp).
+    transpose_rows(Bm.data(), in.B.strides[0], L, N, w.bt.data(), w.bt.cols());
+    tile_product_lower_part<Arch>(Cm.data(), in.C.strides[0], 1, w.bt.data(), w.bt.cols(), w.CB.data(), w.CB.cols(), L, N);
     dCB.setZero();
     dCt.setZero();
     for (std::int64_t h = g * hpg; h < (g + 1) * hpg; ++h) {
@@ -351,32 +355,39 @@ void ssd_bwd_chunk_group(const ssd_inputs<float>& in, const chunk_layout& chunks
             w.wl[t] = static_cast<float>(std::exp(std::min(a_last - alpha[t], 0.0)));
         }
         // E = exp(segsum) (zero above the diagonal), M = C·Bᵀ ⊙ E.
-        for (std::int64_t i = 0; i < L; ++i) segsum_exp_row<Arch>(alpha, i, L, nullptr, &E(i, 0));
-        M = E.cwiseProduct(CB);  // zero above the diagonal, as E
+        for (std::int64_t i = 0; i < L; ++i) {
+            segsum_exp_row<Arch>(alpha, i, L, nullptr, &E(i, 0));
+            for (std::int64_t j = 0; j <= i; ++j) M(i, j) = E(i, j) * CB(i, j);  // read on and below the diagonal only
+        }
         const ssd_cmap Xm(&in.x(r, h, 0), L, P, Eigen::OuterStride<>(in.x.strides[0]));
         const ssd_cmap dYm(&dy(r, h, 0), L, P, Eigen::OuterStride<>(dy.strides[0]));
         const ssd_cmap Hk(states + (k * H + h) * PN, P, N, Eigen::OuterStride<>(N));
         const ssd_cmap dS(dstates + (k * H + h) * PN, P, N, Eigen::OuterStride<>(N));
         U.noalias() = w.dtl.head(L).asDiagonal() * Xm;
-        // Intra-chunk: dM = tril(dY Uᵀ) (zero above the diagonal: the triangular product adds onto zeros, which
-        // spares Eigen's column-wise clearing of the triangle); dCB += dM ⊙ E; dα from dM ⊙ M (row minus column sums,
-        // the diagonal cancels).
-        dM.setZero();
-        dM.template triangularView<Eigen::Lower>() += dYm * U.transpose();
-        dCB += dM.cwiseProduct(E);
-        dM = dM.cwiseProduct(M);
-        w.rows.head(L).noalias() = dM.rowwise().sum();
-        w.cols.head(L).noalias() = dM.colwise().sum();
+        // Intra-chunk: dM = tril(dY Uᵀ) (its lower part, against Uᵀ); dCB += dM ⊙ E; dα from dM ⊙ M (row minus column
+        // sums, the diagonal cancels), all on and below the diagonal only.
+        transpose_rows(U.data(), P, L, P, w.ut.data(), w.ut.cols());
+        tile_product_lower_part<Arch>(dYm.data(), dy.strides[0], 1, w.ut.data(), w.ut.cols(), w.dM.data(), w.dM.cols(), L, P);
+        w.cols.head(L).setZero();
+        for (std::int64_t i = 0; i < L; ++i) {
+            float row = 0.f;
+            for (std::int64_t j = 0; j <= i; ++j) {
+                const float d = dM(i, j), dm = d * M(i, j);
+                dCB(i, j) += d * E(i, j);
+                row += dm;
+                w.cols[j] += dm;
+            }
+            w.rows[i] = row;
+        }
         // Chunk state (H' = e^{α_L} H + Σ_j w_j u_j B_jᵀ): du_j = w_j dS B_j, and ∂/∂α_j of w_j's term is
         // −⟨u_j, du_j⟩ (its dB term, Σ_h diag(w) U dS, is one GEMM over the group below). Inter-chunk output
         // (e^{α_i} H C_i): dC_i += e^{α_i} (dY H)_i, ∂/∂α_i = e^{α_i} ⟨(dY H)_i, C_i⟩. Both vanish (and are skipped)
         // when dS, respectively H, is known to be zero.
         for (std::int64_t i = 0; i < L; ++i) da[i] = static_cast<double>(w.rows[i]) - static_cast<double>(w.cols[i]);
-        if (ds_zero) {
-            dU.setZero();
-        } else {
+        if (!ds_zero) {
             Bw.noalias() = w.wl.head(L).asDiagonal() * Bm;
-            dU.noalias() = Bw * dS.transpose();
+            transpose_rows(dS.data(), N, P, N, w.dst.data(), P);
+            tile_product<Arch>(Bw.data(), N, 1, w.dst.data(), P, dU.data(), P, L, P, N, false);  // diag(w) B dSᵀ
             double sw = 0;
             for (std::int64_t i = 0; i < L; ++i) {
                 const double c2 = U.row(i).dot(dU.row(i));
@@ -392,7 +403,8 @@ void ssd_bwd_chunk_group(const ssd_inputs<float>& in, const chunk_layout& chunks
             if (!ds_zero) da[L - 1] += static_cast<double>(state_decay(a_last)) * static_cast<double>((dS.cwiseProduct(Hk)).sum());
             dCt.noalias() += w.eal.head(L).asDiagonal() * T1;
         }
-        dU.noalias() += M.template triangularView<Eigen::Lower>().transpose() * dYm;
+        // dU (+)= tril(M)ᵀ dY (overwrites dU when dS is zero).
+        tile_product_lower_transposed<Arch>(w.M.data(), w.M.cols(), 1, dYm.data(), dy.strides[0], dU.data(), P, L, P, !ds_zero);
         // u = Δ x: dx = Δ du + D dy, dΔ = ⟨du, x⟩ + A Σ_{i≥m} dα_i; dA = Σ_m Δ_m Σ_{i≥m} dα_i.
         double acc = 0, dA_k = 0;
         for (std::int64_t t = L - 1; t >= 0; --t) {
@@ -420,17 +432,17 @@ void ssd_bwd_chunk_group(const ssd_inputs<float>& in, const chunk_layout& chunks
     if (gr.dC.data) {
         ssd_map dCm(&gr.dC(r, g, 0), L, N, Eigen::OuterStride<>(gr.dC.strides[0]));
         dCm = dCt;
-        dCm.noalias() += dCB.template triangularView<Eigen::Lower>() * Bm;
+        tile_product_lower<Arch>(w.dCB.data(), w.dCB.cols(), 1, Bm.data(), in.B.strides[0], dCm.data(), gr.dC.strides[0], L, N, true);
     }
     if (gr.dB.data) {
         ssd_map dBm(&gr.dB(r, g, 0), L, N, Eigen::OuterStride<>(gr.dB.strides[0]));
         const ssd_cmap dS_group(dstates + (k * H + g * hpg) * PN, hpg * P, N, Eigen::OuterStride<>(N));  // [hpg·P, N]
-        if (ds_zero)
-            dBm.setZero();
-        else
+        if (!ds_zero)
             tile_product<Arch>(UW.data(), UW.outerStride(), 1, dS_group.data(), N, dBm.data(), gr.dB.strides[0], L, N, hpg * P,
-                                   false);  // UW dS_group
-        dBm.noalias() += dCB.template triangularView<Eigen::Lower>().transpose() * Cm;
+                               false);  // UW dS_group
+        // dB (+)= tril(dCB)ᵀ C (overwrites dB when dS is zero).
+        tile_product_lower_transposed<Arch>(w.dCB.data(), w.dCB.cols(), 1, Cm.data(), in.C.strides[0], dBm.data(), gr.dB.strides[0], L, N,
+                                            !ds_zero);
     }
 }
 

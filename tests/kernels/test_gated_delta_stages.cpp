@@ -1,13 +1,16 @@
 // The named stages of the chunked gated delta rule (kernels/gated_delta.hpp, spec.md §4.3): each fp32 stage against
 // its fp64 twin on the same inputs, on odd sizes (T not a multiple of the chunk, chunk 1, single tokens, empty and
 // invalid sequences, grouped value heads, d_k ≠ d_v) with non-zero initial states; the composed stages against the
-// token recurrence (gated_delta_rule_ref); gated_delta_rule_chunked against the composed stages; checks.
+// token recurrence (gated_delta_rule_ref); gated_delta_rule_chunked against the composed stages (bit for bit on
+// sequences of two or more tokens); the intra-chunk inverse (I + A)⁻¹ on every SIMD width; checks.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <limits>
 #include <numeric>
 #include <vector>
+
+#include <xsimd/xsimd.hpp>
 
 #include "hymix/backend/cpu.hpp"
 #include "hymix/kernels/gated_delta.hpp"
@@ -106,6 +109,8 @@ const std::vector<stage_case> cases{
     {{3, 2}, {1, 0}, 64},                       // chunks longer than every sequence
     {{50}, {2}, 16},
     {{64, 11}, {0, 1}, 64},
+    {{45, 7}, {0, 1}, 20},                      // chunk widths that are no multiple of the SIMD width
+    {{100}, {1}, 37},
 };
 
 /// The rows of o of the valid sequences (the stages write no other rows).
@@ -204,10 +209,21 @@ TEST_CASE("gated delta stages: the composed stages equal the token recurrence; t
             kernels::gated_delta_rule_chunked(be, pb.batch, pb.qk(pb.q), pb.qk(pb.k), pb.vv(pb.v), pb.gg(pb.g), pb.gg(pb.beta), pb.scale(),
                                               tensor_view<float, 4>(s.data(), {pb.S, Hv, dk, dv}), tensor_view<float, 3>(o.data(), {pb.R, Hv, dv}),
                                               cs.C);
-            // The same tiles in the same order: equal up to the summation order Eigen picks for tiny products, which
-            // follows the alignment of the data (scratch there, stage tensors here).
+            // The same tiles in the same order: the same bits for every sequence of two or more tokens (a one-token
+            // sequence takes the decode step's arithmetic in the fused kernel: within rounding).
             CHECK(rel_error(gather(o, rows, Hv * dv), gather(f.o, rows, Hv * dv)) < 1e-6);
             CHECK(rel_error(s, f.state) < 1e-6);
+            for (std::int64_t si = 0; si < pb.batch.n_seq(); ++si) {
+                const auto z = static_cast<std::size_t>(si);
+                if (pb.batch.slots[z] < 0 || pb.batch.lengths[z] < 2) continue;
+                CAPTURE(si);
+                bool same = true;
+                for (std::int64_t t = pb.batch.starts[z]; t < pb.batch.starts[z] + pb.batch.lengths[z]; ++t)
+                    for (std::int64_t e = 0; e < Hv * dv; ++e) same = same && o[std::size_t(t * Hv * dv + e)] == f.o[std::size_t(t * Hv * dv + e)];
+                const std::int64_t slot = pb.batch.slots[z], per_slot = Hv * dk * dv;
+                for (std::int64_t e = slot * per_slot; e < (slot + 1) * per_slot; ++e) same = same && s[std::size_t(e)] == f.state[std::size_t(e)];
+                CHECK(same);
+            }
         }
     }
 }
@@ -240,6 +256,56 @@ TEST_CASE("gated delta stages: the fp64 twins composed equal the token recurrenc
         CHECK(rel_error(gather(o, rows, Hv * dv), gather(o_rec, rows, Hv * dv)) < 1e-12);
         CHECK(rel_error(state, s_rec) < 1e-12);
     }
+}
+
+namespace {
+
+/// unit_lower_inverse on one SIMD width: T (I + A) = I on and below the diagonal within fp32 rounding, a diagonal of
+/// exact ones and exact zeros above it, with NaN planted on and above A's diagonal (never read); a T narrower than
+/// inverse_row_length(n) is refused.
+template <class Arch>
+void check_inverse(const char* name) {
+    CAPTURE(name);
+    for (std::int64_t n : {1, 3, 4, 7, 8, 15, 16, 17, 37, 64, 100}) {
+        CAPTURE(n);
+        kernels::detail::row_matrix A(n, n), T(n, kernels::detail::inverse_row_length(n));
+        const auto r = uniform(std::size_t(n * n), -0.4f, 0.4f, 900 + std::uint64_t(n));
+        for (std::int64_t i = 0; i < n; ++i)
+            for (std::int64_t j = 0; j < n; ++j) A(i, j) = j < i ? r[std::size_t(i * n + j)] : std::numeric_limits<float>::quiet_NaN();
+        const kernels::detail::const_row_map Am(A.data(), n, n, Eigen::OuterStride<>(n));
+        kernels::detail::unit_lower_inverse<Arch>(Am, T);
+        double worst = 0;
+        bool exact = true;
+        for (std::int64_t i = 0; i < n; ++i)
+            for (std::int64_t j = 0; j < n; ++j) {
+                if (j > i) {
+                    exact = exact && T(i, j) == 0.f;
+                    continue;
+                }
+                if (j == i) exact = exact && T(i, i) == 1.f;
+                // (T (I + A))_ij = T_ij + Σ_{j<l≤i} T_il A_lj, magnitudes summed for the bound.
+                double s = T(i, j), mag = std::abs(double(T(i, j)));
+                for (std::int64_t l = j + 1; l <= i; ++l) {
+                    s += double(T(i, l)) * double(A(l, j));
+                    mag += std::abs(double(T(i, l)) * double(A(l, j)));
+                }
+                worst = std::max(worst, std::abs(s - (i == j ? 1.0 : 0.0)) / std::max(mag, 1.0));
+            }
+        CHECK(exact);
+        CHECK(worst < 1e-5);
+        kernels::detail::row_matrix narrow(n, n);  // rows of n floats: too short unless n is a multiple of the padding
+        if (n % kernels::detail::inverse_row_pad != 0) CHECK_THROWS_AS(kernels::detail::unit_lower_inverse<Arch>(Am, narrow), shape_error);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("gated delta: (I + A)⁻¹ by SIMD forward substitution inverts I + A on every SIMD width, reading A's strict lower part only") {
+#if defined(__AVX512F__)
+    check_inverse<xsimd::avx512f>("avx512f");
+#endif
+    if constexpr (xsimd::avx2::supported()) check_inverse<xsimd::avx2>("avx2");
+    if constexpr (xsimd::sse2::supported()) check_inverse<xsimd::sse2>("sse2");
 }
 
 TEST_CASE("gated delta stages: shape, stride and value errors name the argument") {

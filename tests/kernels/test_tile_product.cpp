@@ -92,24 +92,35 @@ void check_arch(const char* name) {
                                                                              J + pad, I, J, accumulate);
                         for (float v : e) CHECK(std::isfinite(v));
                         CHECK(q.matches(e, accumulate, product_case::form::lower_transposed));
+                        for (std::int64_t i = 0; i < I; ++i)  // padding untouched on the reversed rows too
+                            for (std::int64_t x = J; x < J + pad; ++x) CHECK(e[std::size_t(i * (J + pad) + x)] == q.c0[std::size_t(i * (J + pad) + x)]);
                     }
-    // The lower part of a square product C = A · B [I, I]: entries on and below the diagonal as the whole product's
-    // (same bits), every other entry either untouched or the whole product's.
+    // The lower part of a square product C = A · B [I, I], A by rows or down columns, padded rows of B and C: entries on
+    // and below the diagonal as the whole product's (same bits), every other entry of C either untouched or the whole
+    // product's, the padding past column I untouched.
     for (std::int64_t I : {1, 5, 7, 13, 16, 37, 64, 100})
-        for (std::int64_t L : {1, 19, 128}) {
-            CAPTURE(I);
-            CAPTURE(L);
-            const auto a = test::uniform(std::size_t(I * L), -1.f, 1.f, seed += 5), b = test::uniform(std::size_t(L * I), -1.f, 1.f, seed += 5);
-            std::vector<float> whole(std::size_t(I * I)), part(whole.size(), 7.f);
-            kernels::detail::tile_product<Arch>(a.data(), L, 1, b.data(), I, whole.data(), I, I, I, L, false);
-            kernels::detail::tile_product_lower_part<Arch>(a.data(), L, 1, b.data(), I, part.data(), I, I, L);
-            for (std::int64_t i = 0; i < I; ++i)
-                for (std::int64_t j = 0; j < I; ++j) {
-                    const float got = part[std::size_t(i * I + j)], want = whole[std::size_t(i * I + j)];
-                    if (j <= i) CHECK(got == want);
-                    else CHECK((got == want || got == 7.f));
+        for (std::int64_t L : {1, 19, 128})
+            for (std::int64_t pad : {0, 3})
+                for (bool at : {false, true}) {
+                    CAPTURE(I);
+                    CAPTURE(L);
+                    CAPTURE(pad);
+                    CAPTURE(at);
+                    const std::int64_t ld = I + pad, a_row = at ? 1 : L, a_col = at ? I : 1;
+                    const auto a = test::uniform(std::size_t(I * L), -1.f, 1.f, seed += 5), b = test::uniform(std::size_t(L * ld), -1.f, 1.f, seed += 5);
+                    std::vector<float> whole(std::size_t(I * ld), 7.f), part(whole.size(), 7.f);
+                    kernels::detail::tile_product<Arch>(a.data(), a_row, a_col, b.data(), ld, whole.data(), ld, I, I, L, false);
+                    kernels::detail::tile_product_lower_part<Arch>(a.data(), a_row, a_col, b.data(), ld, part.data(), ld, I, L);
+                    bool ok = true;
+                    for (std::int64_t i = 0; i < I; ++i)
+                        for (std::int64_t j = 0; j < ld; ++j) {
+                            const float got = part[std::size_t(i * ld + j)], want = whole[std::size_t(i * ld + j)];
+                            if (j >= I) ok = ok && got == 7.f;
+                            else if (j <= i) ok = ok && got == want;
+                            else ok = ok && (got == want || got == 7.f);
+                        }
+                    CHECK(ok);
                 }
-        }
 }
 
 }  // namespace

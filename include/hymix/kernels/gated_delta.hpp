@@ -176,7 +176,8 @@ void gated_delta_rule_ref(const seq_batch& batch,
 // Γ_ij = exp(Σ_{m=j+1..i} g_m) (j ≤ i, else 0) is rebuilt from g by the stages that need it, by index from partial
 // sums of g, never from differences of γ. gated_delta_rule_chunked runs the stages' own per-(chunk, head) tile code
 // fused per (sequence, value head), so the running state stays in cache; its results equal the composition of the five
-// public stages bit for bit (every product is a register-tile product whose order of terms depends on the sizes only).
+// public stages bit for bit (every product is a register-tile product whose order of terms depends on the sizes only),
+// except on one-token sequences, which take the decode step's arithmetic (batch invariance).
 // A device backend implements the five stages.
 // ---------------------------------------------------------------------------------------------------------------
 
@@ -198,6 +199,13 @@ inline constexpr float decay_flush_exponent = -60.f;
 /// exp(x) for a decay exponent x ≤ 0, with factors below e^−60 flushed to 0.
 inline float decay_factor(float x) noexcept { return x < decay_flush_exponent ? 0.f : std::exp(x); }
 
+/// Rows of (I + A)⁻¹ scratch are padded to a multiple of this many floats: whole SIMD vectors for every width up to
+/// AVX-512's 16 (unit_lower_inverse).
+inline constexpr std::int64_t inverse_row_pad = 16;
+
+/// A row length n rounded up to inverse_row_pad.
+constexpr std::int64_t inverse_row_length(std::int64_t n) { return (n + inverse_row_pad - 1) / inverse_row_pad * inverse_row_pad; }
+
 using row_matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using row_map = Eigen::Map<row_matrix, Eigen::Unaligned, Eigen::OuterStride<>>;
 using const_row_map = Eigen::Map<const row_matrix, Eigen::Unaligned, Eigen::OuterStride<>>;
@@ -218,13 +226,13 @@ struct gdn_scratch {
     row_matrix gm;                      // [C, C] Γ
     row_matrix kk;                      // [C, C] K Kᵀ, then Q Kᵀ
     row_matrix a;                       // [C, C] A
-    row_matrix t;                       // [C, C'] (I + A)⁻¹, C' = C rounded up to 16 (whole SIMD vectors per row)
+    row_matrix t;                       // [C, inverse_row_length(C)] (I + A)⁻¹
     row_matrix p;                       // [C, C] scale·tril(Q Kᵀ) ⊙ Γ
     row_matrix kt;                      // [d_k, C] Kᵀ of the chunk (the keys' columns as contiguous rows)
     row_matrix w, kd;                   // [C, d_k] W; scaled or decayed keys / scaled decayed queries
     row_matrix u, vn;                   // [C, d_v] U; β V, then V_new
     gdn_scratch(std::int64_t C, std::int64_t dk, std::int64_t dv)
-        : gamma(static_cast<std::size_t>(C)), eg(gamma.size()), bet(gamma.size()), gm(C, C), kk(C, C), a(C, C), t(C, (C + 15) / 16 * 16), p(C, C),
+        : gamma(static_cast<std::size_t>(C)), eg(gamma.size()), bet(gamma.size()), gm(C, C), kk(C, C), a(C, C), t(C, inverse_row_length(C)), p(C, C),
           kt(dk, C), w(C, dk), kd(C, dk), u(C, dv), vn(C, dv) {}
 };
 
@@ -246,8 +254,7 @@ void gdn_decays(const Gamma& gamma, tensor_view<const float, 2> beta, std::int64
 /// Γ of one chunk, used by stages 2, 4 and 5: gm(i, j) = exp(Σ_{m=j+1..i} g_m) for j ≤ i (1 on the diagonal), 0 above.
 /// Row i's exponents are row i−1's plus g_i (partial sums over the segment: accurate even when γ itself is large);
 /// exponents are ≤ 0 wherever exp is taken, and factors below e^−60 are flushed to 0. The exponentials are taken on
-/// the lower triangle only, in SIMD blocks of up to 64 (Eigen's vectorised exp), the rows from the last up so that
-/// each row's exponents are still in the row above.
+/// the lower triangle only, once every exponent is formed, in blocks of up to 64 (Eigen's vectorised exp).
 inline void gdn_decay_mask_tile(tensor_view<const float, 2> g, std::int64_t t, std::int64_t hv, std::int64_t n, row_matrix& gm) {
     for (std::int64_t i = 0; i < n; ++i) {
         float* row = &gm(i, 0);
@@ -295,7 +302,7 @@ void gdn_wy_tile(const_row_map K, const row_matrix& kt, const float* bet, const 
 }
 
 /// T = (I + A)⁻¹ for A [n, n] strictly lower (diagonal and upper part not read), by forward substitution on the rows:
-/// T_i = e_i − Σ_{j<i} A_ij T_j. T's rows hold whole SIMD vectors (T.cols() a multiple of the vector width, ≥ n); each
+/// T_i = e_i − Σ_{j<i} A_ij T_j. T's rows hold whole SIMD vectors (T.cols() ≥ inverse_row_length(n)); each
 /// vector of row i is summed in registers from the rows j that reach it (j at or past its first column), the even and the
 /// odd j in two chains added at the end. Above the diagonal T holds zeros (or NaN where a NaN in A reached the row);
 /// row i depends on rows ≤ i of A only.
@@ -303,7 +310,10 @@ template <class Arch>
 void unit_lower_inverse(const const_row_map& A, row_matrix& T) {
     using B = xsimd::batch<float, Arch>;
     constexpr std::int64_t W = static_cast<std::int64_t>(B::size);
+    static_assert(inverse_row_pad % W == 0, "unit_lower_inverse: rows padded to inverse_row_pad must hold whole SIMD vectors");
     const std::int64_t n = A.rows(), ld = T.cols();
+    if (ld < inverse_row_length(n))
+        throw shape_error("unit_lower_inverse: T has rows of " + std::to_string(ld) + " floats, needs " + std::to_string(inverse_row_length(n)));
     for (std::int64_t i = 0; i < n; ++i) {
         float* ti = T.data() + i * ld;
         const float* ai = A.data() + i * A.outerStride();

@@ -263,9 +263,9 @@ namespace detail {
 using aligned_floats = std::vector<float, Eigen::aligned_allocator<float>>;
 
 /// Scratch of one task of the chunked backward (one (sequence, value head) at a time), for chunks of up to C rows:
-/// the per-chunk store of the forward sweep and the tiles of one backward chunk. Eigen's aligned allocations, so its
-/// summation order (which follows alignment) is the same on every run; kept per thread and reused across calls, so
-/// repeated calls neither allocate nor touch fresh pages.
+/// the per-chunk store of the forward sweep and the tiles of one backward chunk (the products' order of terms depends
+/// on their sizes only, and the Eigen expressions left are element-wise, so no result depends on where the scratch
+/// lies); kept per thread and reused across calls, so repeated calls neither allocate nor touch fresh pages.
 struct gdn_bwd_scratch {
     std::int64_t C, dk, dv;
     Eigen::VectorXf s_store, u_store, kg_store, gm_store;  // per chunk: S entering [d_k, d_v], U [C, d_v], K Kᵀ ⊙ Γ strictly
@@ -274,7 +274,7 @@ struct gdn_bwd_scratch {
     std::vector<float> gamma, eg, bet, dgam;     // [C]; dgam ends as dg of the chunk's rows
     std::vector<float> dbet, col;                // [C] dβ of the chunk's rows; pair-term column suffix sums
     row_matrix gm, kk, a, p, dp, da;             // [C, C]; kk, p, dp and da are read on and below the diagonal only
-    row_matrix t;                                // [C, C'] (I + A)⁻¹, C' = C rounded up to 16
+    row_matrix t;                                // [C, inverse_row_length(C)] (I + A)⁻¹
     row_matrix kd, kl, qc, kc;                   // [C, d_k]; qc, kc: the chunk's Q and K rows, gathered
     row_matrix kt, ut;                           // [d_k, C], [d_v, C]: Kᵀ and Uᵀ of the chunk
     row_matrix r;                                // [C, d_v]: R in the forward sweep, dU in the backward sweep
@@ -287,7 +287,7 @@ struct gdn_bwd_scratch {
     gdn_bwd_scratch(std::int64_t C_, std::int64_t dk_, std::int64_t dv_)
         : C(C_), dk(dk_), dv(dv_), gamma(static_cast<std::size_t>(C_)), eg(gamma.size()), bet(gamma.size()), dgam(gamma.size()),
           dbet(gamma.size()), col(gamma.size()), gm(C_, C_), kk(C_, C_), a(C_, C_), p(C_, C_), dp(C_, C_), da(C_, C_),
-          t(C_, (C_ + 15) / 16 * 16), kd(C_, dk_), kl(C_, dk_), qc(C_, dk_), kc(C_, dk_), kt(dk_, C_), ut(dv_, C_), r(C_, dv_), st(dv_, dk_),
+          t(C_, inverse_row_length(C_)), kd(C_, dk_), kl(C_, dk_), qc(C_, dk_), kc(C_, dk_), kt(dk_, C_), ut(dv_, C_), r(C_, dv_), st(dv_, dk_),
           dst(dv_, dk_), y(2 * C_, dv_), z(2 * C_, dk_), lhs(2 * C_, dk_), uds(C_, dk_), dqc(C_, dk_), dkc(C_, dk_), dvc(C_, dv_),
           ds(dk_, dv_), ds_prev(dk_, dv_) {}
     /// Room for the per-chunk store of a sequence of nc chunks (grows only; contents are not initialised).

@@ -354,7 +354,7 @@ void ssd_bwd_chunk_group(const ssd_inputs<float>& in, const chunk_layout& chunks
             w.eal[t] = static_cast<float>(std::exp(std::min(alpha[t], 0.0)));
             w.wl[t] = static_cast<float>(std::exp(std::min(a_last - alpha[t], 0.0)));
         }
-        // E = exp(segsum) (zero above the diagonal), M = C·Bᵀ ⊙ E.
+        // E = exp(segsum) (zero above the diagonal), M = C·Bᵀ ⊙ E on and below it.
         for (std::int64_t i = 0; i < L; ++i) {
             segsum_exp_row<Arch>(alpha, i, L, nullptr, &E(i, 0));
             for (std::int64_t j = 0; j <= i; ++j) M(i, j) = E(i, j) * CB(i, j);  // read on and below the diagonal only

@@ -432,8 +432,7 @@ void gdn_bwd_backward_chunk(const_row_map Q_in, const_row_map K_in, const_row_ma
     w.qc.topRows(n) = Q_in;
     w.kc.topRows(n) = K_in;
     Y.topRows(n) = dO_in;
-    const const_row_map Q(w.qc.data(), n, dk, Eigen::OuterStride<>(dk)), K(w.kc.data(), n, dk, Eigen::OuterStride<>(dk)),
-        dO(Y.data(), n, w.dv, Eigen::OuterStride<>(w.dv));
+    const const_row_map Q(w.qc.data(), n, dk, Eigen::OuterStride<>(dk)), K(w.kc.data(), n, dk, Eigen::OuterStride<>(dk));
     transpose_rows(w.kc.data(), dk, n, dk, w.kt.data(), w.kt.cols());
     transpose_rows(U.data(), dv, n, dv, w.ut.data(), w.ut.cols());
     transpose_rows(S.data(), dv, dk, dv, w.st.data(), dk);

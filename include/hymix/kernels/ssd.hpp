@@ -317,10 +317,7 @@ void ssd_cb_tile(const ssd_inputs<float>& in, std::int64_t g, std::int64_t r, st
                  std::vector<float>& bt) {
     const std::int64_t N = in.d_state();
     bt.resize(static_cast<std::size_t>(N * L));
-    for (std::int64_t t = 0; t < L; ++t) {
-        const float* b = &in.B(r + t, g, 0);
-        for (std::int64_t n = 0; n < N; ++n) bt[static_cast<std::size_t>(n * L + t)] = b[n];
-    }
+    transpose_rows(&in.B(r, g, 0), in.B.strides[0], L, N, bt.data(), L);
     tile_product<Arch>(&in.C(r, g, 0), in.C.strides[0], 1, bt.data(), L, out, ld, L, L, N, false);
 }
 

@@ -1,8 +1,9 @@
 // The recall benchmark of issue 10: trains byte-level stacks of one size on associative recall (train/recall.hpp:
 // MQAR pairs followed by queries, and needles at random depths of the KJV text) and measures answer accuracy —
-// single-mixer stacks as they are, Oryx stacks under mode schedules: all linear, all attention, attention only on
-// the query tokens (a linear prefill then attention "decode" of the questions), and attention on random blocks of
-// 64 tokens with probability f (the attention fraction). Training uses the ordinary trainer (loss curves and
+// single-mixer stacks as they are, Oryx stacks under the library's mode schedules (schedule/mode_schedule.hpp): all
+// linear, all attention, linear_prefill_attention_decode (a linear prefill of the context, then attention "decode" of
+// the questions), attention only at the asked keys (a mode_list per task), and block_random over blocks of 64 tokens
+// with probability f (the attention fraction). Training uses the ordinary trainer (loss curves and
 // checkpoints in OUT_DIR/<stack>/) with the recall batches in place of text windows; the loss is the mean over the
 // answers, and the trainer scales gradients by 1 / (tokens in the batch), so gradient norms are smaller than for
 // text by the share of answer positions (AdamW's updates do not depend on that scale). Evaluation splits each
@@ -34,12 +35,14 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "hymix/backend/cpu.hpp"
 #include "hymix/models/checkpoint.hpp"
+#include "hymix/schedule/mode_schedule.hpp"
 #include "hymix/train/byte_lm.hpp"
 #include "hymix/train/plot.hpp"
 #include "hymix/train/recall.hpp"
@@ -185,27 +188,29 @@ settings read_settings(const options& o, const tr::byte_corpus& corpus, const st
     return s;
 }
 
-/// One evaluation schedule: its name and the attention fraction it asks for (random blocks), or a fixed rule.
+/// One evaluation schedule of an Oryx stack: its name and the library schedule it runs (hymix/schedule/mode_schedule.hpp).
+/// The context goes in as one prefill call and the query region as a second call in the decode phase (it is what the
+/// model generates against), both through fill_modes with the sequences' stream indices as ids and the positions
+/// counted from each sequence's start, so a schedule sees one sequence of T tokens split into two calls.
+/// `query_keys` is built per task: attention only at the asked keys (the positions whose next byte is scored).
 struct eval_schedule {
     std::string name;
-    enum kind_t { none, all_linear, all_attention, queries, random_blocks } kind = none;
-    double p = 0;  // random_blocks: P(attention) per block
+    std::optional<hymix::any_mode_schedule> schedule;  // none: a single-mixer stack, no side input
+    bool query_keys = false;
+
+    /// The schedule for `task` (query_keys: a list of T modes, linear except at positions C, C + 2, ..., T − 1).
+    hymix::dynamic_mode_schedule for_task(const tr::recall_task& task) const {
+        if (!query_keys) return {*schedule};
+        const std::int64_t T = task.seq_len, C = task.context_len();
+        std::vector<hymix::token_mode> l(static_cast<std::size_t>(T), hymix::token_mode::linear);
+        for (std::int64_t t = C; t < T; t += 2) l[static_cast<std::size_t>(t)] = hymix::token_mode::attention;
+        return {hymix::mode_list{{std::move(l)}, std::nullopt}};
+    }
 };
 
+/// Blocks of the random-block evaluation schedules, and their draws' seed (fixed: every stack sees the same blocks).
 constexpr std::int64_t eval_block = 64;
-
-/// The mode of position t (1 = attention) of stream sequence idx of a task with query region [C, T).
-unsigned char mode_at(const eval_schedule& s, std::uint64_t idx, std::int64_t t, std::int64_t C) {
-    switch (s.kind) {
-        case eval_schedule::all_attention: return 1;
-        case eval_schedule::queries: return t >= C ? 1 : 0;
-        case eval_schedule::random_blocks: {
-            const auto h = tr::detail::splitmix64(idx * 0x100000001b3ULL ^ tr::detail::splitmix64(static_cast<std::uint64_t>(t / eval_block) + 7));
-            return static_cast<double>(h >> 11) * 0x1.0p-53 < s.p ? 1 : 0;
-        }
-        default: return 0;
-    }
-}
+constexpr std::uint64_t eval_block_seed = 20261206;
 
 struct eval_result {
     tr::recall_score score;
@@ -220,35 +225,35 @@ eval_result evaluate(const hymix::cpu_backend& be, const Model& m, const tr::rec
     const auto t0 = std::chrono::steady_clock::now();
     const std::int64_t T = task.seq_len, C = task.context_len(), R = T - C, V = m.config().vocab_size;
     const std::int64_t per_call = std::max<std::int64_t>(1, std::min<std::int64_t>(n, 65536 / T));
+    const bool modes = s.schedule.has_value();
+    const auto sched = modes ? s.for_task(task) : hymix::dynamic_mode_schedule{hymix::all_linear{}};
     eval_result r;
     std::int64_t attn = 0;
     for (std::int64_t i0 = 0; i0 < n; i0 += per_call) {
         const std::int64_t nb = std::min(per_call, n - i0);
         const auto b = tr::make_recall_batch(task, hay, nb, seed, static_cast<std::uint64_t>(i0));
         std::vector<std::int32_t> ctx(static_cast<std::size_t>(nb * C)), qry(static_cast<std::size_t>(nb * R));
-        std::vector<unsigned char> ctx_modes(ctx.size()), qry_modes(qry.size());
-        for (std::int64_t q = 0; q < nb; ++q) {
-            const auto idx = static_cast<std::uint64_t>(i0 + q);
+        for (std::int64_t q = 0; q < nb; ++q)
             for (std::int64_t t = 0; t < T; ++t) {
                 const auto tok = b.inputs[static_cast<std::size_t>(q * T + t)];
-                const auto md = mode_at(s, idx, t, C);
-                attn += md;
-                if (t < C) {
-                    ctx[static_cast<std::size_t>(q * C + t)] = tok;
-                    ctx_modes[static_cast<std::size_t>(q * C + t)] = md;
-                } else {
-                    qry[static_cast<std::size_t>(q * R + t - C)] = tok;
-                    qry_modes[static_cast<std::size_t>(q * R + t - C)] = md;
-                }
+                if (t < C) ctx[static_cast<std::size_t>(q * C + t)] = tok;
+                else qry[static_cast<std::size_t>(q * R + t - C)] = tok;
             }
+        const auto ctx_batch = hymix::seq_batch::dense(nb, C), qry_batch = hymix::seq_batch::dense(nb, R);
+        std::vector<std::uint64_t> ids(static_cast<std::size_t>(nb));
+        for (std::int64_t q = 0; q < nb; ++q) ids[static_cast<std::size_t>(q)] = static_cast<std::uint64_t>(i0 + q);
+        const std::vector<std::int64_t> past(static_cast<std::size_t>(nb), C);
+        std::vector<unsigned char> ctx_modes, qry_modes;
+        if (modes) {
+            ctx_modes = hymix::modes_for(sched, ctx_batch, hymix::call_phase::prefill, {}, ids);
+            qry_modes = hymix::modes_for(sched, qry_batch, hymix::call_phase::decode, past, ids);
+            for (const auto md : ctx_modes) attn += md;
+            for (const auto md : qry_modes) attn += md;
         }
         auto cache = m.make_cache(nb);
         hymix::tensor<float> last({nb, V}), logits({nb * R, V});
-        const bool modes = s.kind != eval_schedule::none;
-        m.forward_last(be, cache, hymix::seq_batch::dense(nb, C), ctx, last.view<2>(),
-                       modes ? std::span<const unsigned char>(ctx_modes) : std::span<const unsigned char>());
-        m.forward(be, cache, hymix::seq_batch::dense(nb, R), qry, logits.view<2>(), {},
-                  modes ? std::span<const unsigned char>(qry_modes) : std::span<const unsigned char>());
+        m.forward_last(be, cache, ctx_batch, ctx, last.view<2>(), ctx_modes);
+        m.forward(be, cache, qry_batch, qry, logits.view<2>(), {}, qry_modes);
         std::vector<std::int32_t> pred(static_cast<std::size_t>(nb * T), -1);
         for (std::int64_t q = 0; q < nb; ++q)
             for (std::int64_t t = C; t < T; ++t) {
@@ -376,15 +381,17 @@ void run_stack(const settings& cfg, const std::string& stack, Model m, tr::train
     }
     std::vector<eval_schedule> scheds;
     if (stack.rfind("oryx", 0) == 0) {
-        scheds = {{"all_linear", eval_schedule::all_linear}, {"queries_attention", eval_schedule::queries},
-                  {"all_attention", eval_schedule::all_attention}};
+        scheds = {{"all_linear", hymix::all_linear{}},
+                  {"queries_attention", hymix::linear_prefill_attention_decode{}},
+                  {"query_keys_attention", hymix::all_linear{}, true},
+                  {"all_attention", hymix::all_attention{}}};
         for (const double p : {0.05, 0.1, 0.25, 0.5}) {
             char b[48];
             std::snprintf(b, sizeof b, "random_blocks:%g", p);
-            scheds.push_back({b, eval_schedule::random_blocks, p});
+            scheds.push_back({b, hymix::block_random{eval_block, p, eval_block_seed}});
         }
     } else {
-        scheds = {{"default", eval_schedule::none}};
+        scheds = {{"default", std::nullopt}};
     }
     const auto n_eval = cfg.eval_n;
     std::vector<row> mine;
@@ -396,7 +403,7 @@ void run_stack(const settings& cfg, const std::string& stack, Model m, tr::train
             const auto e = evaluate(be, m, task, eval_hay, n, eval_seed, s);
             row rw{stack, task.describe(), s.name, n_params, steps, secs, e.attention_fraction, e.score.accuracy(),
                    static_cast<double>(e.score.perfect) / static_cast<double>(e.score.sequences), e.score.answers};
-            if (s.kind == eval_schedule::none) rw.fraction = stack == "attention" ? 1.0 : 0.0;
+            if (!s.schedule) rw.fraction = stack == "attention" ? 1.0 : 0.0;
             mine.push_back(rw);
             std::fprintf(stderr, "   %-12s %-18s %-20s attention %.4f: accuracy %.4f (%lld answers, %.1f s)\n", stack.c_str(), rw.task.c_str(),
                          s.name.c_str(), rw.fraction, rw.accuracy, static_cast<long long>(rw.answers), e.seconds);
@@ -469,19 +476,20 @@ int main(int argc, char** argv) try {
         if (r.stack.rfind("oryx", 0) == 0 && std::find(plots.begin(), plots.end(), r.stack) == plots.end()) plots.push_back(r.stack);
     for (const auto& stack : plots) {
         tr::plot_spec p;
-        p.title = stack + ": recall accuracy against the fraction of tokens in attention mode (Q: on the queries only)";
+        p.title = stack + ": recall accuracy against the fraction of tokens in attention mode (Q: on the queries only, K: on the asked keys only)";
         p.x_label = "fraction of tokens in attention mode (random blocks of 64; 0 = all linear, 1 = all attention)";
         p.y_label = "answer accuracy";
         p.width = 960;
         p.height = 480;
         std::vector<std::string> order;
-        std::map<std::string, tr::plot_series> curves, marks;
+        std::map<std::string, tr::plot_series> curves, marks, key_marks;
         for (const auto& r : rows) {
             if (r.stack != stack) continue;
             if (std::find(order.begin(), order.end(), r.task) == order.end()) order.push_back(r.task);
             const auto colour = colours[(std::find(order.begin(), order.end(), r.task) - order.begin()) % 8];
-            auto& s = r.schedule == "queries_attention" ? marks[r.task] : curves[r.task];
-            s.name = r.schedule == "queries_attention" ? "Q " + r.task : r.task;
+            const bool q = r.schedule == "queries_attention", k = r.schedule == "query_keys_attention";
+            auto& s = q ? marks[r.task] : k ? key_marks[r.task] : curves[r.task];
+            s.name = q ? "Q " + r.task : k ? "K " + r.task : r.task;
             s.color = colour;
             s.markers = true;
             s.points.emplace_back(r.fraction, r.accuracy);
@@ -491,6 +499,7 @@ int main(int argc, char** argv) try {
             p.series.push_back(curves[t]);
         }
         for (const auto& t : order) p.series.push_back(marks[t]);
+        for (const auto& t : order) p.series.push_back(key_marks[t]);
         tr::write_svg(out / ("recall_" + stack + ".svg"), p);
     }
 
@@ -514,7 +523,7 @@ int main(int argc, char** argv) try {
             const auto it = std::find_if(rows.begin(), rows.end(), [&](const row& r) { return r.task == t && r.stack == stack && r.schedule == sched; });
             char b[64];
             if (it == rows.end()) std::snprintf(b, sizeof b, "–");
-            else if (sched == "queries_attention") std::snprintf(b, sizeof b, "%.3f (%.2g%% attention)", it->accuracy, 100 * it->fraction);
+            else if (sched == "queries_attention" || sched == "query_keys_attention") std::snprintf(b, sizeof b, "%.3f (%.2g%% attention)", it->accuracy, 100 * it->fraction);
             else std::snprintf(b, sizeof b, "%.3f", it->accuracy);
             md << " " << b << " |";
         }

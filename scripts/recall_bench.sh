@@ -61,10 +61,13 @@ secs=$(( $(date +%s) - t0 ))
     echo "stage), 32 sequences per step; Oryx in block-random mode (blocks of 32, P(attention) 0.5). This describes"
     echo "example_recall's defaults; the options above change them where they name them."
     echo
-    echo "Oryx schedules at evaluation: \`all_linear\`, \`all_attention\`, \`queries_attention\` (linear over the"
-    echo "context, attention on the query tokens only: a linear prefill then attention decode of the questions; the"
-    echo "fraction of attention tokens is in brackets) and \`random_blocks:f\` (each block of 64 tokens in attention"
-    echo "mode with probability f). Machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores,"
+    echo "Oryx schedules at evaluation, the library's (schedule/mode_schedule.hpp; the context goes in as one prefill"
+    echo "call, the query region as a second call in the decode phase): \`all_linear\`, \`all_attention\`,"
+    echo "\`queries_attention\` (\`linear_prefill_attention_decode\`: linear over the context, attention on the query"
+    echo "tokens), \`query_keys_attention\` (a \`mode_list\`: attention only at the asked keys, the positions whose next"
+    echo "byte is scored; the fraction of attention tokens of both is in brackets) and \`random_blocks:f\`"
+    echo "(\`block_random\`: each block of 64 tokens in attention mode with probability f, one fixed seed for every"
+    echo "stack). Machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores,"
     echo "${parallel} stack(s) at a time, threads=${threads} (0: all).${NOTE:+ $NOTE} Raw numbers:"
     echo "[recall.csv](recall.csv) (training steps and seconds per stack). Accuracy against the attention fraction:"
     for st in ${stacks//,/ }; do

@@ -220,7 +220,22 @@ inline row_map rows_of(tensor_view<float, 3> x, std::int64_t t, std::int64_t h, 
 /// The read-only map of the same memory.
 inline const_row_map as_const(const row_map& m) { return const_row_map(m.data(), m.rows(), m.cols(), Eigen::OuterStride<>(m.outerStride())); }
 
-/// Scratch of one task of the fp32 stages, for chunks of up to C rows.
+/// Scratch of one task of the fp32 stages, for chunks of up to C rows. A stage allocates only the parts it uses (a
+/// `gdn_parts` mask; the fused kernel takes them all); the others stay empty.
+enum gdn_parts : unsigned {
+    gdn_vectors = 1u << 0,  // gamma, eg, bet
+    gdn_mask = 1u << 1,     // gm
+    gdn_kk = 1u << 2,       // kk
+    gdn_a = 1u << 3,        // a
+    gdn_t = 1u << 4,        // t
+    gdn_p = 1u << 5,        // p
+    gdn_kt = 1u << 6,       // kt
+    gdn_w = 1u << 7,        // w
+    gdn_kd = 1u << 8,       // kd
+    gdn_u = 1u << 9,        // u
+    gdn_vn = 1u << 10,      // vn
+    gdn_all = (1u << 11) - 1,
+};
 struct gdn_scratch {
     std::vector<float> gamma, eg, bet;  // [C] γ, exp(γ) (flushed), β
     row_matrix gm;                      // [C, C] Γ
@@ -231,9 +246,24 @@ struct gdn_scratch {
     row_matrix kt;                      // [d_k, C] Kᵀ of the chunk (the keys' columns as contiguous rows)
     row_matrix w, kd;                   // [C, d_k] W; scaled or decayed keys / scaled decayed queries
     row_matrix u, vn;                   // [C, d_v] U; β V, then V_new
-    gdn_scratch(std::int64_t C, std::int64_t dk, std::int64_t dv)
-        : gamma(static_cast<std::size_t>(C)), eg(gamma.size()), bet(gamma.size()), gm(C, C), kk(C, C), a(C, C), t(C, inverse_row_length(C)), p(C, C),
-          kt(dk, C), w(C, dk), kd(C, dk), u(C, dv), vn(C, dv) {}
+    gdn_scratch(std::int64_t C, std::int64_t dk, std::int64_t dv, unsigned parts = gdn_all) {
+        const auto has = [&](gdn_parts x) { return (parts & x) != 0; };
+        if (has(gdn_vectors)) {
+            gamma.resize(static_cast<std::size_t>(C));
+            eg.resize(gamma.size());
+            bet.resize(gamma.size());
+        }
+        if (has(gdn_mask)) gm.resize(C, C);
+        if (has(gdn_kk)) kk.resize(C, C);
+        if (has(gdn_a)) a.resize(C, C);
+        if (has(gdn_t)) t.resize(C, inverse_row_length(C));
+        if (has(gdn_p)) p.resize(C, C);
+        if (has(gdn_kt)) kt.resize(dk, C);
+        if (has(gdn_w)) w.resize(C, dk);
+        if (has(gdn_kd)) kd.resize(C, dk);
+        if (has(gdn_u)) u.resize(C, dv);
+        if (has(gdn_vn)) vn.resize(C, dv);
+    }
 };
 
 /// Stage gdn_chunk_cumsum, one (chunk, head): gamma[i] = Σ_{m≤i} g(t + m, hv), fp32.
@@ -500,7 +530,7 @@ void gdn_wy_prepare(const Backend& be, const chunk_layout& chunks,
     detail::gdn_check_g_rows(chunks, g, who);
     using Arch = typename Backend::arch;
     be.parallel_for(chunks.n_chunks() * d.Hv, 1, [&](std::int64_t i0, std::int64_t i1) {
-        detail::gdn_scratch w(Wd, d.dk, 0);
+        detail::gdn_scratch w(Wd, d.dk, 0, detail::gdn_vectors | detail::gdn_mask | detail::gdn_kt | detail::gdn_kk);
         for (std::int64_t i = i0; i < i1; ++i) {
             const std::int64_t c = i / d.Hv, hv = i % d.Hv, t = chunks.row(c), n = chunks.length(c);
             for (std::int64_t j = 0; j < n; ++j) w.bet[static_cast<std::size_t>(j)] = beta(t + j, hv);
@@ -535,7 +565,7 @@ void gdn_intra_chunk_solve(const Backend& be, const chunk_layout& chunks,
     detail::gdn_require(U, {d.R, d.Hv, d.dv}, true, who, "U [n_rows, H_v, d_v]");
     using Arch = typename Backend::arch;
     be.parallel_for(chunks.n_chunks() * d.Hv, 1, [&](std::int64_t i0, std::int64_t i1) {
-        detail::gdn_scratch w(chunks.width(), d.dk, d.dv);
+        detail::gdn_scratch w(chunks.width(), d.dk, d.dv, detail::gdn_vectors | detail::gdn_t | detail::gdn_kd | detail::gdn_vn);
         for (std::int64_t i = i0; i < i1; ++i) {
             const std::int64_t c = i / d.Hv, hv = i % d.Hv, t = chunks.row(c), n = chunks.length(c);
             detail::gdn_decays([&](std::int64_t j) { return gamma(t + j, hv); }, beta, t, hv, n, w);
@@ -579,7 +609,7 @@ void gdn_state_pass(const Backend& be, const seq_batch& batch, const chunk_layou
     detail::gdn_check_g_rows(chunks, g, who);
     using Arch = typename Backend::arch;
     detail::for_each_chunked_seq_head(be, chunks, d.Hv, [&](std::int64_t b, std::int64_t e, auto item) {
-        detail::gdn_scratch w(chunks.width(), d.dk, 0);
+        detail::gdn_scratch w(chunks.width(), d.dk, 0, detail::gdn_mask | detail::gdn_kd);
         for (std::int64_t i = b; i < e; ++i) {
             const auto [s, hv] = item(i);
             float* S = &state(batch.slots[static_cast<std::size_t>(s)], hv, 0, 0);
@@ -619,7 +649,8 @@ void gdn_chunk_output(const Backend& be, const chunk_layout& chunks,
     detail::gdn_check_g_rows(chunks, g, who);
     using Arch = typename Backend::arch;
     be.parallel_for(chunks.n_chunks() * d.Hv, 1, [&](std::int64_t i0, std::int64_t i1) {
-        detail::gdn_scratch w(chunks.width(), d.dk, 0);
+        detail::gdn_scratch w(chunks.width(), d.dk, 0,
+                              detail::gdn_vectors | detail::gdn_mask | detail::gdn_kt | detail::gdn_kd | detail::gdn_kk | detail::gdn_p);
         for (std::int64_t i = i0; i < i1; ++i) {
             const std::int64_t c = i / d.Hv, hv = i % d.Hv, hk = hv / (d.Hv / d.Hk), t = chunks.row(c), n = chunks.length(c);
             for (std::int64_t j = 0; j < n; ++j) w.eg[static_cast<std::size_t>(j)] = detail::decay_factor(gamma(t + j, hv));

@@ -22,9 +22,10 @@
 // shared/models/README.md). Every option is checked before anything trains. OUT_DIR/<stack>/ holds each training run
 // and its accuracies (recall.csv); OUT_DIR/recall.csv, recall_<stack>.svg (Oryx stacks) and recall_table.md gather the
 // stacks of this call. A stack finished in OUT_DIR/<stack> (its `done` file records the options) is neither trained
-// nor evaluated again under the same options, and refused under others, so stacks can be trained by parallel calls
-// (one stack each) and gathered by a last call naming them all; an interrupted stack is trained again from the start;
-// delete OUT_DIR/<stack> to redo one. Errors exit with 2.
+// nor evaluated again under the same options (evaluated again, from its checkpoint, when its accuracies came from
+// another version of the evaluation: `eval_version`), and refused under others, so stacks can be trained by parallel
+// calls (one stack each) and gathered by a last call naming them all; an interrupted stack is trained again from the
+// start; delete OUT_DIR/<stack> to redo one. Errors exit with 2.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -33,6 +34,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -106,6 +108,11 @@ struct settings {
         return f.str();
     }
 };
+
+/// The version of the evaluation (its schedules, their random draws, the scoring): a stack's accuracies are reused
+/// only when they were measured by the same version, else it is evaluated again from its checkpoint. 2: the library's
+/// mode schedules and query_keys_attention (2026-12-07).
+constexpr int eval_version = 2;
 
 /// The evaluation sequences' stream seed: the same for every run, so every stack is scored on the same sequences.
 constexpr std::uint64_t eval_seed = 1000003;
@@ -188,25 +195,29 @@ settings read_settings(const options& o, const tr::byte_corpus& corpus, const st
     return s;
 }
 
-/// One evaluation schedule of an Oryx stack: its name and the library schedule it runs (hymix/schedule/mode_schedule.hpp).
-/// The context goes in as one prefill call and the query region as a second call in the decode phase (it is what the
-/// model generates against), both through fill_modes with the sequences' stream indices as ids and the positions
-/// counted from each sequence's start, so a schedule sees one sequence of T tokens split into two calls.
-/// `query_keys` is built per task: attention only at the asked keys (the positions whose next byte is scored).
+/// One evaluation schedule of an Oryx stack: its name and the library schedule it runs for a task
+/// (hymix/schedule/mode_schedule.hpp); a single-mixer stack has none (no side input). The context goes in as one
+/// prefill call and the query region as a second call in the decode phase (it is what the model generates against),
+/// both through modes_for with the sequences' stream indices as ids and the positions counted from each sequence's
+/// start, so a schedule sees one sequence of T tokens split into two calls.
 struct eval_schedule {
     std::string name;
-    std::optional<hymix::any_mode_schedule> schedule;  // none: a single-mixer stack, no side input
-    bool query_keys = false;
-
-    /// The schedule for `task` (query_keys: a list of T modes, linear except at positions C, C + 2, ..., T − 1).
-    hymix::dynamic_mode_schedule for_task(const tr::recall_task& task) const {
-        if (!query_keys) return {*schedule};
-        const std::int64_t T = task.seq_len, C = task.context_len();
-        std::vector<hymix::token_mode> l(static_cast<std::size_t>(T), hymix::token_mode::linear);
-        for (std::int64_t t = C; t < T; t += 2) l[static_cast<std::size_t>(t)] = hymix::token_mode::attention;
-        return {hymix::mode_list{{std::move(l)}, std::nullopt}};
-    }
+    std::function<hymix::dynamic_mode_schedule(const tr::recall_task&)> for_task;  // empty: no side input
 };
+
+/// Attention only at the asked keys of `task` (positions C, C + 2, ..., T − 1: those whose next byte is scored), a
+/// list of T modes. It places attention with knowledge of where the answers are read.
+hymix::dynamic_mode_schedule query_keys_modes(const tr::recall_task& task) {
+    const std::int64_t T = task.seq_len, C = task.context_len();
+    std::vector<hymix::token_mode> l(static_cast<std::size_t>(T), hymix::token_mode::linear);
+    for (std::int64_t t = C; t < T; t += 2) l[static_cast<std::size_t>(t)] = hymix::token_mode::attention;
+    return {hymix::mode_list{{std::move(l)}, std::nullopt}};
+}
+
+/// The same schedule for every task.
+std::function<hymix::dynamic_mode_schedule(const tr::recall_task&)> fixed(hymix::any_mode_schedule s) {
+    return [s](const tr::recall_task&) { return hymix::dynamic_mode_schedule{s}; };
+}
 
 /// Blocks of the random-block evaluation schedules, and their draws' seed (fixed: every stack sees the same blocks).
 constexpr std::int64_t eval_block = 64;
@@ -225,7 +236,7 @@ eval_result evaluate(const hymix::cpu_backend& be, const Model& m, const tr::rec
     const auto t0 = std::chrono::steady_clock::now();
     const std::int64_t T = task.seq_len, C = task.context_len(), R = T - C, V = m.config().vocab_size;
     const std::int64_t per_call = std::max<std::int64_t>(1, std::min<std::int64_t>(n, 65536 / T));
-    const bool modes = s.schedule.has_value();
+    const bool modes = static_cast<bool>(s.for_task);
     const auto sched = modes ? s.for_task(task) : hymix::dynamic_mode_schedule{hymix::all_linear{}};
     eval_result r;
     std::int64_t attn = 0;
@@ -337,10 +348,17 @@ void run_stack(const settings& cfg, const std::string& stack, Model m, tr::train
                                       ") than this call's (" + fp + "): delete it or choose another OUT_DIR");
         std::istringstream(line) >> steps >> secs;
         if (fs::exists(dir / "recall.csv")) {
-            const auto old = read_rows(dir / "recall.csv");
-            rows.insert(rows.end(), old.begin(), old.end());
-            std::fprintf(stderr, "== %s: trained and evaluated before (%s), %zu results reused\n", stack.c_str(), dir.string().c_str(), old.size());
-            return;
+            std::string version;
+            std::getline(std::ifstream(dir / "eval_version"), version);
+            if (version == std::to_string(eval_version)) {
+                const auto old = read_rows(dir / "recall.csv");
+                rows.insert(rows.end(), old.begin(), old.end());
+                std::fprintf(stderr, "== %s: trained and evaluated before (%s), %zu results reused\n", stack.c_str(), dir.string().c_str(),
+                             old.size());
+                return;
+            }
+            std::fprintf(stderr, "== %s: evaluated by another version of the evaluation (%s, this one is %d): evaluating again\n", stack.c_str(),
+                         version.empty() ? "none recorded" : version.c_str(), eval_version);
         }
         hymix::models::checkpoint_reader rd(tr::latest_checkpoint(dir));
         if constexpr (std::is_same_v<Model, hymix::models::oryx_lm_stack>) m = hymix::models::load_oryx_lm(rd);
@@ -381,17 +399,17 @@ void run_stack(const settings& cfg, const std::string& stack, Model m, tr::train
     }
     std::vector<eval_schedule> scheds;
     if (stack.rfind("oryx", 0) == 0) {
-        scheds = {{"all_linear", hymix::all_linear{}},
-                  {"queries_attention", hymix::linear_prefill_attention_decode{}},
-                  {"query_keys_attention", hymix::all_linear{}, true},
-                  {"all_attention", hymix::all_attention{}}};
+        scheds = {{"all_linear", fixed(hymix::all_linear{})},
+                  {"queries_attention", fixed(hymix::linear_prefill_attention_decode{})},
+                  {"query_keys_attention", query_keys_modes},
+                  {"all_attention", fixed(hymix::all_attention{})}};
         for (const double p : {0.05, 0.1, 0.25, 0.5}) {
             char b[48];
             std::snprintf(b, sizeof b, "random_blocks:%g", p);
-            scheds.push_back({b, hymix::block_random{eval_block, p, eval_block_seed}});
+            scheds.push_back({b, fixed(hymix::block_random{eval_block, p, eval_block_seed})});
         }
     } else {
-        scheds = {{"default", std::nullopt}};
+        scheds = {{"default", {}}};
     }
     const auto n_eval = cfg.eval_n;
     std::vector<row> mine;
@@ -403,13 +421,14 @@ void run_stack(const settings& cfg, const std::string& stack, Model m, tr::train
             const auto e = evaluate(be, m, task, eval_hay, n, eval_seed, s);
             row rw{stack, task.describe(), s.name, n_params, steps, secs, e.attention_fraction, e.score.accuracy(),
                    static_cast<double>(e.score.perfect) / static_cast<double>(e.score.sequences), e.score.answers};
-            if (!s.schedule) rw.fraction = stack == "attention" ? 1.0 : 0.0;
+            if (!s.for_task) rw.fraction = stack == "attention" ? 1.0 : 0.0;
             mine.push_back(rw);
             std::fprintf(stderr, "   %-12s %-18s %-20s attention %.4f: accuracy %.4f (%lld answers, %.1f s)\n", stack.c_str(), rw.task.c_str(),
                          s.name.c_str(), rw.fraction, rw.accuracy, static_cast<long long>(rw.answers), e.seconds);
         }
     }
     write_rows(dir / "recall.csv", mine);
+    std::ofstream(dir / "eval_version") << eval_version << "\n";
     rows.insert(rows.end(), mine.begin(), mine.end());
 }
 
@@ -468,8 +487,8 @@ int main(int argc, char** argv) try {
     write_rows(out / "recall.csv", rows);
 
     // One plot per Oryx stack: accuracy against the attention fraction, one curve per task over the random-block
-    // schedules (all linear at 0, all attention at 1) and, in the same colour, the point of "attention on the query
-    // tokens only".
+    // schedules (all linear at 0, all attention at 1) and, in the same colour, the points of "attention on the query
+    // tokens" (Q) and "attention at the asked keys only" (K; with one query, as in the needle tasks, the two coincide).
     static const char* colours[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"};
     std::vector<std::string> plots;
     for (const auto& r : rows)

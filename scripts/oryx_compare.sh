@@ -11,9 +11,9 @@
 #     docs/oryx_equal_budget.csv and .md (no switch curves).
 # Usage: scripts/oryx_compare.sh [TEXT] (default ../shared/data/kjv.txt); environment: STEPS (250), THREADS (1, per
 # stack), D_MODEL (128), LAYERS (4), D_FF (256), SEQ_LEN (256), BUDGET (tokens | equal), MINUTES (10, with equal),
-# PARALLEL (5, with equal), HYMIX (the tool, default build/release/examples/tool/hymix), RUNS (run dirs, default
-# build/oryx_compare or build/oryx_equal_budget), NOTE (a sentence added to the report, e.g. what else ran on the
-# machine). Progress goes to stderr; the whole run is reproducible from this one command.
+# PARALLEL (5, with equal), HYMIX (the tool, default build/release/examples/tool/hymix), NAME (the report's file
+# name under docs/, default oryx_compare or oryx_equal_budget; with NAME no switch curves are written), RUNS (run dirs, default build/NAME), NOTE (a sentence
+# added to the report, e.g. what else ran on the machine). Progress goes to stderr; the whole run is reproducible from this one command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 text=${1:-../shared/data/kjv.txt}
@@ -21,15 +21,16 @@ tool=${HYMIX:-build/release/examples/tool/hymix}
 steps=${STEPS:-250} threads=${THREADS:-1} d=${D_MODEL:-128} layers=${LAYERS:-4} dff=${D_FF:-256} seq=${SEQ_LEN:-256}
 budget=${BUDGET:-tokens} minutes=${MINUTES:-10} parallel=${PARALLEL:-5}
 case $budget in
-    tokens) name=oryx_compare ;;
+    tokens) name=${NAME:-oryx_compare} ;;
     equal)
-        name=oryx_equal_budget
+        name=${NAME:-oryx_equal_budget}
         if [ "$d" != 128 ] || [ "$layers" != 4 ] || [ "$dff" != 256 ]; then
             echo "oryx_compare: BUDGET=equal matches parameter counts for D_MODEL 128, LAYERS 4, D_FF 256 only" >&2
             exit 2
         fi ;;
     *) echo "oryx_compare: BUDGET must be tokens or equal, found '$budget'" >&2; exit 2 ;;
 esac
+case $name in *[!A-Za-z0-9_-]* | '') echo "oryx_compare: NAME must be letters, digits, _ and -, found '$name'" >&2; exit 2 ;; esac
 runs=${RUNS:-build/$name}
 [ -x "$tool" ] || { echo "oryx_compare: build the tool first (cmake --preset release && cmake --build --preset release)" >&2; exit 2; }
 [ -f "$text" ] || { echo "oryx_compare: no text file '$text'" >&2; exit 2; }
@@ -123,7 +124,7 @@ done
                    printf "| %s | %s | %s | %s | %s | %s | %s |\n", a[1], p[k], st[k], s[k], a[2], v[k, 512], v[k, 2048] } }' "$csv"
 } >"docs/$name.md"
 echo "oryx_compare: wrote $csv and docs/$name.md" >&2
-[ "$budget" = tokens ] || exit 0
+[ "$budget" = tokens ] && [ -z "${NAME:-}" ] || exit 0  # the switch curves belong to the default report only
 switch=${SWITCH:-build/release/examples/example_oryx_switch}
 if [ -x "$switch" ]; then
     for k in gdn mamba2; do

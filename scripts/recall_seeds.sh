@@ -9,8 +9,9 @@
 # Usage: scripts/recall_seeds.sh [TEXT] (default ../shared/data/kjv.txt); environment: SEEDS (1,2,3), MINUTES (6, per
 #   stack), STACKS (oryx-gdn,oryx-mamba2,gdn,attention), PARALLEL (the number of cores), EXAMPLE
 #   (build/release/examples/example_recall), RUNS (build/recall_seeds), EXTRA (more key=value options for
-#   example_recall; default eval_n=128), DOCS (docs), NOTE (a sentence for the report). Progress goes to stderr and
-#   RUNS/seed<N>/<stack>.log.
+#   example_recall, except seed, stacks, threads and minutes, which this script sets; default eval_n=128), DOCS
+#   (docs), NOTE (a sentence for the report); paths in the environment are relative to the repository root. Progress
+#   goes to stderr and RUNS/seed<N>/<stack>.log; a failed run stops the others and shows the end of its log.
 set -euo pipefail
 here=$PWD
 cd "$(dirname "$0")/.."
@@ -23,23 +24,35 @@ parallel=${PARALLEL:-$(nproc)} runs=${RUNS:-build/recall_seeds} docs=${DOCS:-doc
 [ -f "$text" ] || { echo "recall_seeds: no text file '$text'" >&2; exit 2; }
 # shellcheck disable=SC2206
 extra=(${EXTRA-eval_n=128})
+for kv in "${extra[@]}"; do
+    case ${kv%%=*} in seed | stacks | threads | minutes)
+        echo "recall_seeds: EXTRA may not set '${kv%%=*}' (use SEEDS, STACKS or MINUTES; one thread per run)" >&2; exit 2 ;;
+    esac
+done
 mkdir -p "$runs" "$docs"
 t0=$(date +%s)
-pids=() names=()
-trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT  # a failure stops the other trainers too
+declare -A logs=()  # pid -> its log, for every run not yet waited for
+trap 'kill $(jobs -rp) 2>/dev/null || true' EXIT  # a failure stops the other trainers too
+reap() {  # waits for one run to end; exits on a failure, showing the end of its log
+    local pid=
+    if ! wait -n -p pid; then
+        echo "recall_seeds: a run failed (log ${logs[$pid]:-?}):" >&2
+        [ -n "${logs[$pid]:-}" ] && tail -20 "${logs[$pid]}" >&2
+        exit 1
+    fi
+    unset "logs[$pid]"
+}
 for seed in ${seeds//,/ }; do
     mkdir -p "$runs/seed$seed"
     for st in ${stacks//,/ }; do
-        while [ "$(jobs -rp | wc -l)" -ge "$parallel" ]; do sleep 2; done
+        while [ "${#logs[@]}" -ge "$parallel" ]; do reap; done
         echo "recall_seeds: seed $seed, $st ($minutes min unless done before; log $runs/seed$seed/$st.log)" >&2
         "$exe" "$text" "$runs/seed$seed" stacks="$st" seed="$seed" minutes="$minutes" threads=1 "${extra[@]}" \
             >>"$runs/seed$seed/$st.out" 2>>"$runs/seed$seed/$st.log" &
-        pids+=($!) names+=("seed $seed $st")
+        logs[$!]=$runs/seed$seed/$st.log
     done
 done
-for i in "${!pids[@]}"; do
-    wait "${pids[$i]}" || { echo "recall_seeds: ${names[$i]} failed" >&2; exit 1; }
-done
+while [ "${#logs[@]}" -gt 0 ]; do reap; done
 trap - EXIT
 # Each seed's results gathered by one call over its stacks (nothing trains or evaluates again).
 for seed in ${seeds//,/ }; do
@@ -102,7 +115,7 @@ secs=$(( $(date +%s) - t0 ))
     echo "seed (${seeds//,/, }: the weights' initialisation and the training sequences; the evaluation sequences and the"
     echo "random blocks are the same for every seed) for $minutes minutes each${extra[*]:+ (options: ${extra[*]})}, one"
     echo "thread per (seed, stack), $parallel at once. Each cell: mean accuracy over the seeds (lowest–highest)."
-    echo "Machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores; this call took $secs s.${NOTE:+ $NOTE}"
+    echo "Machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores; this call took $secs s (runs reused from earlier calls not counted).${NOTE:+ $NOTE}"
     echo "Per seed: [recall_seeds.csv](recall_seeds.csv)."
     echo
     cat "$runs/recall_seeds_table.md"

@@ -13,7 +13,8 @@
 # stack), D_MODEL (128), LAYERS (4), D_FF (256), SEQ_LEN (256), BUDGET (tokens | equal), MINUTES (10, with equal),
 # PARALLEL (5, with equal), HYMIX (the tool, default build/release/examples/tool/hymix), NAME (the report's file
 # name under docs/, default oryx_compare or oryx_equal_budget; with NAME no switch curves are written), RUNS (run dirs, default build/NAME), NOTE (a sentence
-# added to the report, e.g. what else ran on the machine). Progress goes to stderr; the whole run is reproducible from this one command.
+# added to the report, e.g. what else ran on the machine), REUSE (1: keep a stack already trained in RUNS with the same
+# command, e.g. to score again after an interrupted call; default 0 trains every stack again). Progress goes to stderr; the whole run is reproducible from this one command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 text=${1:-../shared/data/kjv.txt}
@@ -53,9 +54,15 @@ train_args() {
 
 train_one() {
     local st=$1
-    rm -rf "${runs:?}/$st"
     mapfile -t args < <(train_args "$st")
+    if [ "${REUSE:-0}" = 1 ] && [ -f "$runs/$st/latest" ] && grep -q '^trained ' "$runs/$st.out" 2>/dev/null \
+        && [ "$(printf '%s\n' "${args[@]}")" = "$(cat "$runs/$st.args" 2>/dev/null)" ]; then
+        echo "   (REUSE=1: keeping $runs/$st, trained with the same command)" >&2
+        return 0
+    fi
+    rm -rf "${runs:?}/$st" "$runs/$st.args"
     "$tool" "${args[@]}" 2>"$runs/$st.log" >"$runs/$st.out"
+    printf '%s\n' "${args[@]}" >"$runs/$st.args"
 }
 
 if [ "$budget" = equal ]; then

@@ -15,6 +15,7 @@
 
 #include "hymix/backend/cpu.hpp"
 #include "hymix/models/amor.hpp"
+#include "hymix/models/amor_calibrate.hpp"
 #include "hymix/models/amor_router.hpp"
 #include "hymix/models/check_weights.hpp"
 #include "hymix/models/checkpoint.hpp"
@@ -277,8 +278,14 @@ int sweep_amor(const common_options& c, const amor_sweep_options& o, Backbone bb
             throw usage_error(fmt::format("--window {}: the held-out range has {} byte(s) (the last 5% of '{}', at most --eval-bytes {}); a "
                                           "window needs more",
                                           L, n, o.text, o.eval_bytes));
-    // κ moves τ = m̄ + κ·s̄ only for adaptive gates whose statistics were learned (an always-on run never moves them).
-    const bool sweep_kappa = !trained.always_on && trained.gate.offset_mode == hymix::amor_offset_mode::adaptive;
+    // κ moves τ = m̄ + κ·s̄ only for adaptive gates whose statistics were learned (an always-on run never moves them)
+    // or calibrated here (--calibrate).
+    const bool adaptive = trained.gate.offset_mode == hymix::amor_offset_mode::adaptive;
+    if (o.calibrate > 0 && !adaptive)
+        throw usage_error(fmt::format("amor-sweep --calibrate: the file's gates use the fixed offset mode (τ = m̄ + {}); κ applies in the "
+                                      "adaptive mode only",
+                                      trained.gate.gate_offset));
+    const bool sweep_kappa = adaptive && (!trained.always_on || o.calibrate > 0);
     if (!sweep_kappa)
         console::note("amor-sweep: the file's blocks were trained {}: κ does not apply, so the rows are the backbone, the untrained "
                       "stack, {}and always on",
@@ -311,6 +318,22 @@ int sweep_amor(const common_options& c, const amor_sweep_options& o, Backbone bb
     }
     S m = hymix::models::load_amor<S>(std::move(bb), c.amor);
     const auto for_gates = [&](auto&& f) { hymix::models::for_each_entropy_gate(m, f); };
+    if (o.calibrate > 0) {
+        if (corpus.n_train() <= o.calibrate_window)
+            throw usage_error(fmt::format("--calibrate-window {}: the training split of '{}' has {} byte(s)", o.calibrate_window, o.text,
+                                          corpus.n_train()));
+        console::note("amor-sweep: calibrating the gate statistics on {} positions per block ({}-byte windows of the training split, "
+                      "seed {}, every block firing)",
+                      o.calibrate, o.calibrate_window, o.seed);
+        std::vector<std::pair<float, float>> trained_stats;
+        for_gates([&](hymix::entropy_ema& g) { trained_stats.emplace_back(g.running_threshold(), g.running_std()); });
+        hymix::train::window_sampler sampler(corpus, o.calibrate_window, o.seed);
+        const auto cal = hymix::models::calibrate_entropy_gates(be, m, sampler, o.calibrate, 8);
+        for (std::size_t b = 0; b < cal.size(); ++b)
+            fmt::print("calibrated block {}: m̄ {:.5f}  s̄ {:.5f}  ({} positions; the file's m̄ {:.5f}, s̄ {:.5f})\n", b, cal[b].running_threshold,
+                       cal[b].running_std, cal[b].positions, b < trained_stats.size() ? trained_stats[b].first : 0.f,
+                       b < trained_stats.size() ? trained_stats[b].second : 0.f);
+    }
     if (sweep_kappa) {
         for (float k : o.kappas) {
             for_gates([&](auto& g) { g.set_always_on(false), g.set_kappa(k); });

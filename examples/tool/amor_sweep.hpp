@@ -20,6 +20,9 @@ struct amor_sweep_options {
     std::int64_t eval_bytes = 131072;
     std::filesystem::path csv, svg;
     std::filesystem::path from_csv;  // non-empty: only re-draw the plot of this finished sweep (no model is loaded)
+    std::int64_t calibrate = 0;      // > 0: set the gate statistics from this many training positions per block first
+    std::int64_t calibrate_window = 512;
+    std::uint64_t seed = 1;          // the calibration's window draw
 };
 int run_amor_sweep(const common_options&, const amor_sweep_options&);
 

@@ -11,6 +11,7 @@
 #include "hymix/backend/cpu.hpp"
 #include "hymix/backend/reference.hpp"
 #include "hymix/models/amor.hpp"
+#include "hymix/models/amor_calibrate.hpp"
 #include "hymix/models/amor_router.hpp"
 #include "hymix/train/router_fit.hpp"
 #include "hymix/train/byte_lm.hpp"
@@ -342,4 +343,100 @@ TEST_CASE("AMOR gradients on a frozen backbone: finite differences (always-on) a
         return train::loss_and_grad(ref, m, gg, aa, b, tok, tgt, 1.0f).sum_nats;
     };
     test::check_gradient("AMOR block 1 parameters", theta, analytic, probe, 3e-3, 1e-3, 64);
+}
+
+TEST_CASE("calibrated gates (post-hoc m̄, s̄ of always-on blocks): the statistics of the recorded entropies, every block firing") {
+    SUBCASE("entropy_ema::calibrate: lower median and unbiased std; too few or non-finite entropies are refused") {
+        entropy_ema g;
+        const std::vector<float> H{0.5f, 0.1f, 0.3f, 0.2f};
+        g.calibrate(H);
+        CHECK(g.running_threshold() == 0.2f);  // sorted 0.1 0.2 0.3 0.5: the lower middle
+        const double mean = 0.275, var = ((0.5 - mean) * (0.5 - mean) + (0.1 - mean) * (0.1 - mean) + (0.3 - mean) * (0.3 - mean) +
+                                          (0.2 - mean) * (0.2 - mean)) / 3.0;
+        CHECK(g.running_std() == doctest::Approx(std::sqrt(var)).epsilon(1e-6));
+        CHECK_THROWS_AS(g.calibrate(std::vector<float>{0.4f}), value_error);
+        CHECK_THROWS_AS(g.calibrate(std::vector<float>{0.4f, std::nanf("")}), value_error);
+        CHECK(g.running_threshold() == 0.2f);  // unchanged by the refused calls
+    }
+    using S = models::amor_mamba2_stack<>;
+    const auto build = [] {
+        auto bb = train::random_mamba2_lm(tiny_spec(), 24);
+        auto& head = bb.config().tie_embeddings ? bb.weights_mut().embedding : bb.weights_mut().lm_head;
+        for (auto& v : head.span()) v *= 8.0f;  // entropies that vary between positions
+        auto s = models::make_amor<S>(std::move(bb), tiny_amor(/*always=*/true), 25);
+        perturb_amor(s, 2, 26);
+        return s;
+    };
+    auto m = build();
+    cpu_backend be(2);
+    train::byte_corpus corpus;
+    for (std::uint8_t t : [] {
+             std::vector<std::uint8_t> v(4000);
+             std::mt19937_64 g(27);
+             for (auto& x : v) x = static_cast<std::uint8_t>(g() % 40);
+             return v;
+         }())
+        corpus.bytes.push_back(t);
+    corpus.train_end = 3800;
+    const std::int64_t L = 16, positions = 200;  // two batches of 8 windows: 128 positions each
+
+    SUBCASE("equals the statistics of the entropies of the same windows, computed apart; κ then gates the blocks") {
+        std::vector<std::vector<float>> H(3);
+        {
+            auto ref = build();
+            models::for_each_entropy_gate(ref, [](entropy_ema& g) { g.set_always_on(false), g.set_statistics(-1.0f, 0.0f); });
+            train::window_sampler s(corpus, L, 5);
+            for (int batch = 0; batch < 2; ++batch) {
+                const auto b = s.next(8);
+                auto c = ref.make_cache(8);
+                tensor<float> last({8, 40});
+                ref.forward_last(be, c, seq_batch::dense(8, L), b.inputs, last.view<2>());
+                for (std::size_t k = 0; k < 3; ++k) {
+                    CHECK(c.stats()[k].fired == 8 * L);  // every block fired
+                    for (float h : c.stats()[k].score)
+                        if (static_cast<std::int64_t>(H[k].size()) < positions) H[k].push_back(h);
+                }
+            }
+        }
+        models::for_each_entropy_gate(m, [](entropy_ema& g) { g.set_kappa(0.0f); });
+        train::window_sampler s(corpus, L, 5);
+        std::vector<std::int64_t> seen;
+        const auto cal = models::calibrate_entropy_gates(be, m, s, positions, 8, [&](std::int64_t n) { seen.push_back(n); });
+        CHECK(seen == std::vector<std::int64_t>{128, 200});
+        REQUIRE(cal.size() == 3);
+        std::size_t k = 0;
+        models::for_each_entropy_gate(m, [&](entropy_ema& g) {
+            entropy_ema want;
+            want.calibrate(H[k]);
+            CHECK(cal[k].positions == positions);
+            CHECK(g.running_threshold() == want.running_threshold());
+            CHECK(g.running_std() == want.running_std());
+            CHECK(cal[k].running_threshold == want.running_threshold());
+            CHECK(g.running_std() > 0.0f);
+            CHECK_FALSE(g.config().always_on);  // gating now
+            CHECK(g.config().kappa == 0.0f);    // κ as it was
+            ++k;
+        });
+        // τ = m̄ (κ 0): about half of fresh positions fire at each block.
+        train::window_sampler fresh(corpus, L, 9);
+        const auto b = fresh.next(16);
+        auto c = m.make_cache(16);
+        tensor<float> last({16, 40});
+        m.forward_last(be, c, seq_batch::dense(16, L), b.inputs, last.view<2>());
+        for (const auto& st : c.stats()) {
+            CHECK(st.fire_rate() > 0.3);
+            CHECK(st.fire_rate() < 0.7);
+        }
+    }
+    SUBCASE("refused with a router set or too few positions, the gates left as they were") {
+        train::window_sampler s(corpus, L, 5);
+        CHECK_THROWS_AS(models::calibrate_entropy_gates(be, m, s, 1), value_error);
+        std::get<1>(m.layer_at(3)).gate().set_router(std::make_shared<const entropy_router>(train::detail::router_zeros(32, 4)));
+        CHECK_THROWS_AS(models::calibrate_entropy_gates(be, m, s, positions), config_error);
+        models::for_each_entropy_gate(m, [](entropy_ema& g) {
+            CHECK(g.config().always_on);
+            CHECK(g.running_threshold() == g.config().init_threshold);
+            CHECK(g.running_std() == g.config().init_std);
+        });
+    }
 }

@@ -228,6 +228,16 @@ public:
         m_ = static_cast<float>(mu * m_ + (1 - mu) * detail::lower_median(std::vector<float>(H.begin(), H.end())));
         if (H.size() > 1) s_ = static_cast<float>(mu * s_ + (1 - mu) * detail::unbiased_std(H));
     }
+    /// Post-hoc calibration (no training step): m̄ = lower median and s̄ = unbiased std of the entropies H of many
+    /// positions, the point the EMA of spec.md §5.2 settles at when every batch is drawn from the same distribution.
+    /// For blocks whose statistics never moved in training (always-on runs), so that κ can gate them at inference
+    /// (models/amor_calibrate.hpp records H). Throws value_error for fewer than 2 values or a non-finite one.
+    void calibrate(std::span<const float> H) {
+        if (H.size() < 2) throw value_error("entropy_ema: calibration needs at least 2 entropies, found " + std::to_string(H.size()));
+        for (float h : H)
+            if (!std::isfinite(h)) throw value_error("entropy_ema: calibration entropies must be finite, found " + std::to_string(h));
+        set_statistics(static_cast<float>(detail::lower_median(std::vector<float>(H.begin(), H.end()))), static_cast<float>(detail::unbiased_std(H)));
+    }
     /// fire[r] = H[r] > τ.
     void fire_from(std::span<const float> H, std::span<unsigned char> fire) const {
         const float tau = threshold();

@@ -131,6 +131,7 @@ struct router_samples {
     std::vector<float> H;      ///< [rows] exact normalised entropies
     std::int64_t max_rows = 1 << 16;
     double keep = 1.0;
+    bool record_inputs = true;  ///< false: only H is kept (h stays empty; for calibration, not for a router fit)
     std::mt19937_64 rng{0};
 
     std::int64_t rows() const noexcept { return static_cast<std::int64_t>(H.size()); }
@@ -146,15 +147,16 @@ struct router_samples {
             throw shape_error("router_samples: " + std::to_string(n) + " rows with " + std::to_string(Hs.size()) + " entropies and " +
                               std::to_string(live.size()) + " live flags");
         if (!(keep > 0 && keep <= 1)) throw value_error("router_samples: keep must lie in (0, 1], found " + std::to_string(keep));
-        if (h.empty() && max_rows > 0) {
-            h.reserve(static_cast<std::size_t>(max_rows * d_model));
+        if (H.empty() && max_rows > 0) {
+            if (record_inputs) h.reserve(static_cast<std::size_t>(max_rows * d_model));
             H.reserve(static_cast<std::size_t>(max_rows));
         }
         std::bernoulli_distribution take(keep);
         for (std::int64_t r = 0; r < x.dim(0) && !full(); ++r) {
             if (!live.empty() && !live[static_cast<std::size_t>(r)]) continue;
             if (keep < 1.0 && !take(rng)) continue;
-            for (std::int64_t k = 0; k < d_model; ++k) h.push_back(x(r, k));
+            if (record_inputs)
+                for (std::int64_t k = 0; k < d_model; ++k) h.push_back(x(r, k));
             H.push_back(Hs[static_cast<std::size_t>(r)]);
         }
     }

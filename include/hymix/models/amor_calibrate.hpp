@@ -1,0 +1,109 @@
+// Post-hoc calibration of an AMOR stack's entropy gates (issue 9): the gate statistics m̄, s̄ of spec.md §5.2 measured
+// on training text instead of learned by the EMA during training. Blocks trained always on (every token attends) never
+// move their statistics, so κ means nothing for them; calibrated, the same blocks can be gated at inference
+// (τ = m̄ + κ·s̄), which is "train with attention everywhere, pay for it only where the backbone is uncertain".
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "hymix/core/error.hpp"
+#include "hymix/core/tensor.hpp"
+#include "hymix/gate/entropy_ema.hpp"
+#include "hymix/gate/entropy_router.hpp"
+#include "hymix/models/amor_router.hpp"
+#include "hymix/core/seq_batch.hpp"
+#include "hymix/train/data.hpp"
+
+namespace hymix::models {
+
+/// What one gate's calibration measured: the positions recorded and the statistics set.
+struct gate_calibration {
+    std::int64_t positions = 0;
+    float running_threshold = 0, running_std = 0;  ///< m̄ (lower median of H) and s̄ (unbiased std of H)
+};
+
+/// Records the exact normalised entropy H at `positions` positions of every entropy gate of stack m, from batches of
+/// `batch` windows drawn by `sampler` (the training split), with every block firing on every token (the regime in
+/// which always-on blocks were trained, so each block sees the inputs it was trained on); then sets each gate's m̄ and
+/// s̄ from its own entropies (entropy_ema::calibrate), switches the gates to gating (always_on false) and leaves κ as
+/// it was. Each window's positions all count; the run ends at the first batch that fills every gate. `progress`
+/// (optional) hears the positions recorded so far after each batch. Throws config_error if a gate has a router set
+/// (H must be exact) or the stack has no entropy gate, value_error from calibrate. Statistics of a gate in the fixed
+/// offset mode are set too (τ = m̄ + gate_offset).
+template <class B, class S>
+std::vector<gate_calibration> calibrate_entropy_gates(const B& be, S& m, train::window_sampler& sampler, std::int64_t positions,
+                                                      std::int64_t batch = 8,
+                                                      const std::function<void(std::int64_t)>& progress = {}) {
+    if (positions < 2) throw value_error("calibrate_entropy_gates: positions must be at least 2, found " + std::to_string(positions));
+    if (batch < 1) throw value_error("calibrate_entropy_gates: batch must be at least 1, found " + std::to_string(batch));
+    struct saved {
+        entropy_ema* gate;
+        bool always_on;
+        float m, s, kappa;
+    };
+    std::vector<saved> gates;
+    std::vector<std::shared_ptr<router_samples>> taps;
+    for_each_entropy_gate(m, [&](entropy_ema& g) {
+        if (g.router()) throw config_error("calibrate_entropy_gates: a gate has a fitted router set; calibration needs the exact entropy");
+        gates.push_back({&g, g.config().always_on, g.running_threshold(), g.running_std(), g.config().kappa});
+    });
+    if (gates.empty()) throw config_error("calibrate_entropy_gates: the stack has no entropy gate");
+    // Every block fires while H is computed: τ below any entropy (H ≥ 0).
+    auto restore = [&] {
+        for (auto& g : gates) {
+            g.gate->set_sample_tap(nullptr);
+            g.gate->set_statistics(g.m, g.s);
+            if (g.gate->config().offset_mode == amor_offset_mode::adaptive) g.gate->set_kappa(g.kappa);
+            g.gate->set_always_on(g.always_on);
+        }
+    };
+    for (auto& g : gates) {
+        auto t = std::make_shared<router_samples>();
+        t->max_rows = positions;
+        t->record_inputs = false;
+        g.gate->set_sample_tap(t);
+        g.gate->set_always_on(false);
+        if (g.gate->config().offset_mode == amor_offset_mode::adaptive) {
+            g.gate->set_statistics(-1.0f, 0.0f);  // τ = −1
+        } else {
+            g.gate->set_statistics(-1.0f - g.gate->config().gate_offset, 0.0f);  // τ = −1
+        }
+        taps.push_back(std::move(t));
+    }
+    try {
+        const std::int64_t V = m.config().vocab_size;
+        std::int64_t recorded = 0;
+        while (recorded < positions) {
+            const auto b = sampler.next(batch);
+            auto cache = m.make_cache(b.n_seq);
+            tensor<float> logits({b.n_seq, V});  // the gates see every position; only the last logits are formed
+            m.forward_last(be, cache, seq_batch::dense(b.n_seq, b.seq_len), b.inputs, logits.view<2>());
+            recorded = taps.front()->rows();
+            for (const auto& t : taps) recorded = std::min(recorded, t->rows());
+            if (progress) progress(recorded);
+        }
+    } catch (...) {
+        restore();
+        throw;
+    }
+    std::vector<gate_calibration> out;
+    for (std::size_t i = 0; i < gates.size(); ++i) {
+        auto& g = *gates[i].gate;
+        g.set_sample_tap(nullptr);
+        try {
+            g.calibrate(taps[i]->H);
+        } catch (...) {
+            restore();
+            throw;
+        }
+        if (g.config().offset_mode == amor_offset_mode::adaptive) g.set_kappa(gates[i].kappa);
+        g.set_always_on(false);
+        out.push_back({taps[i]->rows(), g.running_threshold(), g.running_std()});
+    }
+    return out;
+}
+
+}  // namespace hymix::models

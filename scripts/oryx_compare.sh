@@ -14,7 +14,8 @@
 # PARALLEL (5, with equal), HYMIX (the tool, default build/release/examples/tool/hymix), NAME (the report's file
 # name under docs/, default oryx_compare or oryx_equal_budget; with NAME no switch curves are written), RUNS (run dirs, default build/NAME), NOTE (a sentence
 # added to the report, e.g. what else ran on the machine), REUSE (1: keep a stack already trained in RUNS with the same
-# command, e.g. to score again after an interrupted call; default 0 trains every stack again). Progress goes to stderr; the whole run is reproducible from this one command.
+# command, e.g. to score again after an interrupted call; the tool binary is not compared: after rebuilding it, train
+# again; default 0 trains every stack again). Progress goes to stderr; the whole run is reproducible from this one command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 text=${1:-../shared/data/kjv.txt}
@@ -31,6 +32,7 @@ case $budget in
         fi ;;
     *) echo "oryx_compare: BUDGET must be tokens or equal, found '$budget'" >&2; exit 2 ;;
 esac
+case ${REUSE:-0} in 0 | 1) ;; *) echo "oryx_compare: REUSE must be 0 or 1, found '$REUSE'" >&2; exit 2 ;; esac
 case $name in *[!A-Za-z0-9_-]* | '') echo "oryx_compare: NAME must be letters, digits, _ and -, found '$name'" >&2; exit 2 ;; esac
 runs=${RUNS:-build/$name}
 [ -x "$tool" ] || { echo "oryx_compare: build the tool first (cmake --preset release && cmake --build --preset release)" >&2; exit 2; }
@@ -61,7 +63,7 @@ train_one() {
         return 0
     fi
     rm -rf "${runs:?}/$st" "$runs/$st.args"
-    "$tool" "${args[@]}" 2>"$runs/$st.log" >"$runs/$st.out"
+    "$tool" "${args[@]}" 2>"$runs/$st.log" >"$runs/$st.out" || return
     printf '%s\n' "${args[@]}" >"$runs/$st.args"
 }
 

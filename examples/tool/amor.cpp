@@ -278,6 +278,9 @@ int sweep_amor(const common_options& c, const amor_sweep_options& o, Backbone bb
             throw usage_error(fmt::format("--window {}: the held-out range has {} byte(s) (the last 5% of '{}', at most --eval-bytes {}); a "
                                           "window needs more",
                                           L, n, o.text, o.eval_bytes));
+    if (o.calibrate > 0 && corpus.n_train() <= o.calibrate_window)
+        throw usage_error(fmt::format("--calibrate-window {}: the training split of '{}' has {} byte(s)", o.calibrate_window, o.text,
+                                      corpus.n_train()));
     // κ moves τ = m̄ + κ·s̄ only for adaptive gates whose statistics were learned (an always-on run never moves them)
     // or calibrated here (--calibrate).
     const bool adaptive = trained.gate.offset_mode == hymix::amor_offset_mode::adaptive;
@@ -319,9 +322,6 @@ int sweep_amor(const common_options& c, const amor_sweep_options& o, Backbone bb
     S m = hymix::models::load_amor<S>(std::move(bb), c.amor);
     const auto for_gates = [&](auto&& f) { hymix::models::for_each_entropy_gate(m, f); };
     if (o.calibrate > 0) {
-        if (corpus.n_train() <= o.calibrate_window)
-            throw usage_error(fmt::format("--calibrate-window {}: the training split of '{}' has {} byte(s)", o.calibrate_window, o.text,
-                                          corpus.n_train()));
         console::note("amor-sweep: calibrating the gate statistics on {} positions per block ({}-byte windows of the training split, "
                       "seed {}, every block firing)",
                       o.calibrate, o.calibrate_window, o.seed);
@@ -385,6 +385,7 @@ int run_amor_sweep(const common_options& c, const amor_sweep_options& opt) {
     require_writable(opt.svg, "--svg");
     if (!opt.from_csv.empty()) {  // re-draw a finished sweep
         if (opt.svg.empty()) throw usage_error("amor-sweep --from-csv draws a finished sweep: give the plot's path with --svg");
+        if (opt.calibrate > 0) throw usage_error("amor-sweep --from-csv draws a finished sweep: --calibrate needs a model (--amor)");
         std::error_code ec;
         if (std::filesystem::equivalent(opt.svg, opt.from_csv, ec)) throw usage_error("--svg would overwrite the --from-csv file");
         write_sweep_svg(read_sweep_csv(opt.from_csv), opt.from_csv.filename().string(), opt.svg);

@@ -197,10 +197,10 @@ struct command_line {
                                "before sweeping, set each gate's statistics m̄, s̄ to the lower median and std of its entropy at this many "
                                "positions of the training split, every block firing (for blocks trained always on, whose statistics never "
                                "moved: κ then gates them)")
-            ->check(whole(2, std::int64_t{1} << 30));
+            ->check(whole(2, std::int64_t{1} << 24));
         amor_sweep->add_option("--calibrate-window", sweep.calibrate_window, "window length of the calibration's batches (8 windows each)")
             ->check(whole(2, 1 << 20));
-        amor_sweep->add_option("--seed", sweep.seed, "seed of the calibration's window draw");
+        amor_sweep->add_option("--seed", sweep.seed, "seed of the calibration's window draw")->check(tool::cli::seed_value());
         amor_sweep->add_option("--from-csv", sweep.from_csv, "re-draw the --svg plot of a finished sweep from its --csv file (no model is loaded)");
 
         amor_router = command("amor-router",

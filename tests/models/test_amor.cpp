@@ -428,6 +428,22 @@ TEST_CASE("calibrated gates (post-hoc m̄, s̄ of always-on blocks): the statist
             CHECK(st.fire_rate() < 0.7);
         }
     }
+    SUBCASE("a non-finite entropy at block 1 is refused after block 0 was calibrated: every gate left as it was") {
+        auto tap = std::make_shared<router_samples>();
+        std::get<1>(m.layer_at(2)).gate().set_sample_tap(tap);
+        std::get<1>(m.layer_at(3)).for_each_param("b1", [](const std::string& n, tensor<float>& t) {
+            if (n.ends_with(".norm")) t.fill(std::nanf(""));
+        });
+        train::window_sampler s(corpus, L, 5);
+        CHECK_THROWS(models::calibrate_entropy_gates(be, m, s, positions));
+        models::for_each_entropy_gate(m, [](entropy_ema& g) {
+            CHECK(g.config().always_on);
+            CHECK(g.running_threshold() == g.config().init_threshold);
+            CHECK(g.running_std() == g.config().init_std);
+        });
+        CHECK(std::get<1>(m.layer_at(2)).gate().sample_tap() == tap);  // the caller's tap is back
+        CHECK(std::get<1>(m.layer_at(3)).gate().sample_tap() == nullptr);
+    }
     SUBCASE("refused with a router set or too few positions, the gates left as they were") {
         train::window_sampler s(corpus, L, 5);
         CHECK_THROWS_AS(models::calibrate_entropy_gates(be, m, s, 1), value_error);

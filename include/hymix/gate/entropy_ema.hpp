@@ -216,6 +216,7 @@ public:
     /// Inference records (ĥ, exact H) of its live rows into `s` (null: stops), the data fit_entropy_router takes.
     /// Rows are recorded only while no router is set (the exact entropy is needed).
     void set_sample_tap(std::shared_ptr<router_samples> s) noexcept { tap_ = std::move(s); }
+    const std::shared_ptr<router_samples>& sample_tap() const noexcept { return tap_; }
     /// τ from the current statistics.
     float threshold() const noexcept {
         return cfg_.offset_mode == amor_offset_mode::adaptive ? m_ + cfg_.kappa * s_ : m_ + cfg_.gate_offset;
@@ -229,7 +230,8 @@ public:
         if (H.size() > 1) s_ = static_cast<float>(mu * s_ + (1 - mu) * detail::unbiased_std(H));
     }
     /// Post-hoc calibration (no training step): m̄ = lower median and s̄ = unbiased std of the entropies H of many
-    /// positions, the point the EMA of spec.md §5.2 settles at when every batch is drawn from the same distribution.
+    /// positions: approximately where the EMA of spec.md §5.2 settles when every batch is drawn from the same
+    /// distribution (it averages each batch's median and std; large batches make the two agree).
     /// For blocks whose statistics never moved in training (always-on runs), so that κ can gate them at inference
     /// (models/amor_calibrate.hpp records H). Throws value_error for fewer than 2 values or a non-finite one.
     void calibrate(std::span<const float> H) {

@@ -131,7 +131,8 @@ struct router_samples {
     std::vector<float> H;      ///< [rows] exact normalised entropies
     std::int64_t max_rows = 1 << 16;
     double keep = 1.0;
-    bool record_inputs = true;  ///< false: only H is kept (h stays empty; for calibration, not for a router fit)
+    bool record_inputs = true;  ///< false: only H is kept (h stays empty; for calibration, not for a router fit). Set
+                                ///< it before the first add and keep it: h and H would fall out of step
     std::mt19937_64 rng{0};
 
     std::int64_t rows() const noexcept { return static_cast<std::int64_t>(H.size()); }

@@ -28,11 +28,12 @@ struct gate_calibration {
 /// Records the exact normalised entropy H at `positions` positions of every entropy gate of stack m, from batches of
 /// `batch` windows drawn by `sampler` (the training split), with every block firing on every token (the regime in
 /// which always-on blocks were trained, so each block sees the inputs it was trained on); then sets each gate's m̄ and
-/// s̄ from its own entropies (entropy_ema::calibrate), switches the gates to gating (always_on false) and leaves κ as
-/// it was. Each window's positions all count; the run ends at the first batch that fills every gate. `progress`
-/// (optional) hears the positions recorded so far after each batch. Throws config_error if a gate has a router set
-/// (H must be exact) or the stack has no entropy gate, value_error from calibrate. Statistics of a gate in the fixed
-/// offset mode are set too (τ = m̄ + gate_offset).
+/// s̄ from its own entropies (entropy_ema::calibrate), switches the gates to gating (always_on false) and leaves κ and
+/// any sample tap as they were. Every position of a window counts (not only the last); the run ends at the first batch
+/// that fills every gate, which is used only up to `positions`. `progress` (optional) hears the positions recorded so
+/// far after each batch. Throws config_error if a gate has a router set (H must be exact) or the stack has no entropy
+/// gate, value_error for positions < 2 or batch < 1 and from calibrate (a non-finite entropy); on any throw every gate
+/// is left as it was. Statistics of a gate in the fixed offset mode are set too (τ = m̄ + gate_offset).
 template <class B, class S>
 std::vector<gate_calibration> calibrate_entropy_gates(const B& be, S& m, train::window_sampler& sampler, std::int64_t positions,
                                                       std::int64_t batch = 8,
@@ -43,37 +44,37 @@ std::vector<gate_calibration> calibrate_entropy_gates(const B& be, S& m, train::
         entropy_ema* gate;
         bool always_on;
         float m, s, kappa;
+        std::shared_ptr<router_samples> tap;
     };
     std::vector<saved> gates;
     std::vector<std::shared_ptr<router_samples>> taps;
     for_each_entropy_gate(m, [&](entropy_ema& g) {
         if (g.router()) throw config_error("calibrate_entropy_gates: a gate has a fitted router set; calibration needs the exact entropy");
-        gates.push_back({&g, g.config().always_on, g.running_threshold(), g.running_std(), g.config().kappa});
+        gates.push_back({&g, g.config().always_on, g.running_threshold(), g.running_std(), g.config().kappa, g.sample_tap()});
     });
     if (gates.empty()) throw config_error("calibrate_entropy_gates: the stack has no entropy gate");
     // Every block fires while H is computed: τ below any entropy (H ≥ 0).
     auto restore = [&] {
         for (auto& g : gates) {
-            g.gate->set_sample_tap(nullptr);
+            g.gate->set_sample_tap(g.tap);
             g.gate->set_statistics(g.m, g.s);
             if (g.gate->config().offset_mode == amor_offset_mode::adaptive) g.gate->set_kappa(g.kappa);
             g.gate->set_always_on(g.always_on);
         }
     };
-    for (auto& g : gates) {
-        auto t = std::make_shared<router_samples>();
-        t->max_rows = positions;
-        t->record_inputs = false;
-        g.gate->set_sample_tap(t);
-        g.gate->set_always_on(false);
-        if (g.gate->config().offset_mode == amor_offset_mode::adaptive) {
-            g.gate->set_statistics(-1.0f, 0.0f);  // τ = −1
-        } else {
-            g.gate->set_statistics(-1.0f - g.gate->config().gate_offset, 0.0f);  // τ = −1
-        }
-        taps.push_back(std::move(t));
-    }
     try {
+        for (auto& g : gates) {
+            auto t = std::make_shared<router_samples>();
+            t->max_rows = positions;
+            t->record_inputs = false;
+            g.gate->set_sample_tap(t);
+            g.gate->set_always_on(false);
+            if (g.gate->config().offset_mode == amor_offset_mode::adaptive)
+                g.gate->set_statistics(-1.0f, 0.0f);  // τ = −1
+            else
+                g.gate->set_statistics(-1.0f - g.gate->config().gate_offset, 0.0f);  // τ = −1
+            taps.push_back(std::move(t));
+        }
         const std::int64_t V = m.config().vocab_size;
         std::int64_t recorded = 0;
         while (recorded < positions) {
@@ -90,18 +91,18 @@ std::vector<gate_calibration> calibrate_entropy_gates(const B& be, S& m, train::
         throw;
     }
     std::vector<gate_calibration> out;
-    for (std::size_t i = 0; i < gates.size(); ++i) {
-        auto& g = *gates[i].gate;
-        g.set_sample_tap(nullptr);
-        try {
+    try {
+        for (std::size_t i = 0; i < gates.size(); ++i) {
+            auto& g = *gates[i].gate;
             g.calibrate(taps[i]->H);
-        } catch (...) {
-            restore();
-            throw;
+            g.set_sample_tap(gates[i].tap);
+            if (g.config().offset_mode == amor_offset_mode::adaptive) g.set_kappa(gates[i].kappa);
+            g.set_always_on(false);
+            out.push_back({taps[i]->rows(), g.running_threshold(), g.running_std()});
         }
-        if (g.config().offset_mode == amor_offset_mode::adaptive) g.set_kappa(gates[i].kappa);
-        g.set_always_on(false);
-        out.push_back({taps[i]->rows(), g.running_threshold(), g.running_std()});
+    } catch (...) {
+        restore();
+        throw;
     }
     return out;
 }

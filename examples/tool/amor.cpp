@@ -322,9 +322,11 @@ int sweep_amor(const common_options& c, const amor_sweep_options& o, Backbone bb
     S m = hymix::models::load_amor<S>(std::move(bb), c.amor);
     const auto for_gates = [&](auto&& f) { hymix::models::for_each_entropy_gate(m, f); };
     if (o.calibrate > 0) {
-        console::note("amor-sweep: calibrating the gate statistics on {} positions per block ({}-byte windows of the training split, "
-                      "seed {}, every block firing)",
-                      o.calibrate, o.calibrate_window, o.seed);
+        console::note("amor-sweep: calibrating the gate statistics on {} positions per block ({} whole {}-byte windows of the training "
+                      "split, seed {}, every block firing){}",
+                      (o.calibrate + o.calibrate_window - 1) / o.calibrate_window * o.calibrate_window,
+                      (o.calibrate + o.calibrate_window - 1) / o.calibrate_window, o.calibrate_window, o.seed,
+                      trained.always_on ? "" : "; they replace the statistics the blocks were trained with");
         std::vector<std::pair<float, float>> trained_stats;
         for_gates([&](hymix::entropy_ema& g) { trained_stats.emplace_back(g.running_threshold(), g.running_std()); });
         hymix::train::window_sampler sampler(corpus, o.calibrate_window, o.seed);
@@ -385,7 +387,7 @@ int run_amor_sweep(const common_options& c, const amor_sweep_options& opt) {
     require_writable(opt.svg, "--svg");
     if (!opt.from_csv.empty()) {  // re-draw a finished sweep
         if (opt.svg.empty()) throw usage_error("amor-sweep --from-csv draws a finished sweep: give the plot's path with --svg");
-        if (opt.calibrate > 0) throw usage_error("amor-sweep --from-csv draws a finished sweep: --calibrate needs a model (--amor)");
+        if (opt.calibrate > 0) throw usage_error("amor-sweep: --calibrate and --from-csv cannot be combined (--from-csv only re-draws a finished sweep)");
         std::error_code ec;
         if (std::filesystem::equivalent(opt.svg, opt.from_csv, ec)) throw usage_error("--svg would overwrite the --from-csv file");
         write_sweep_svg(read_sweep_csv(opt.from_csv), opt.from_csv.filename().string(), opt.svg);

@@ -384,11 +384,14 @@ amor)
     [ "$(cut -d, -f1 "$work/aa.csv" | tr '\n' ' ')" = "variant backbone untrained always_on " ] && echo "ok:   always-on file: rows without κ" \
         || { echo "FAIL: always-on sweep rows: $(cut -d, -f1 "$work/aa.csv" | tr '\n' ' ')"; failures=$((failures + 1)); }
     # --calibrate sets the statistics from the training split: the same file is then swept over κ.
-    expect 0 "calibrated block 1: m̄ [0-9.]+  s̄ [0-9.]+  \(300 positions" amor-sweep -m "$bb" --amor "$work/aa/checkpoint-2/amor.safetensors" \
+    expect 0 "calibrated block 1: m̄ [0-9.]+  s̄ [0-9.]+  \(320 positions" amor-sweep -m "$bb" --amor "$work/aa/checkpoint-2/amor.safetensors" \
         --text "$work/text.txt" --eval-bytes 2048 --window 512 --kappa 0,1 --calibrate 300 --calibrate-window 64 --csv "$work/aac.csv"
     [ "$(cut -d, -f1,2 "$work/aac.csv" | tr '\n' ' ')" = "variant,kappa backbone, untrained, kappa,0 kappa,1 always_on, " ] \
         && echo "ok:   calibrated always-on file: κ rows" || { echo "FAIL: calibrated sweep rows: $(cut -d, -f1,2 "$work/aac.csv" | tr '\n' ' ')"; failures=$((failures + 1)); }
     expect 1 "--calibrate: '1' is out of range \(expected 2 to" amor-sweep -m "$bb" --amor "$work/aa/checkpoint-2/amor.safetensors" --text "$work/text.txt" --calibrate 1
+    expect 1 "--calibrate-window requires --calibrate" amor-sweep -m "$bb" --amor "$work/aa/checkpoint-2/amor.safetensors" --text "$work/text.txt" \
+        --calibrate-window 64
+    expect 1 "--calibrate and --from-csv cannot be combined" amor-sweep --from-csv "$work/aac.csv" --svg "$work/aac.svg" --calibrate 300
     # Fitted routers (spec.md §5.6): amor-router writes one per block, score / amor-trace take them with --router.
     expect1 0 "wrote .*routers.safetensors" amor-router -m "$bb" --amor "$amor" --text "$work/text.txt" --samples 512 --keep 0.5 \
         --window 128 --epochs 3 --eval-bytes 1024 --threads 1 --out "$work/routers.safetensors" --csv "$work/routers.csv"

@@ -193,14 +193,17 @@ struct command_line {
             ->check(whole(3, std::int64_t{1} << 40));
         amor_sweep->add_option("--csv", sweep.csv, "CSV file to write (one row per variant and window)");
         amor_sweep->add_option("--svg", sweep.svg, "SVG plot to write: bits/byte against the mean fire rate, one line per window");
-        amor_sweep->add_option("--calibrate", sweep.calibrate,
-                               "before sweeping, set each gate's statistics m̄, s̄ to the lower median and std of its entropy at this many "
-                               "positions of the training split, every block firing (for blocks trained always on, whose statistics never "
-                               "moved: κ then gates them)")
-            ->check(whole(2, std::int64_t{1} << 24));
-        amor_sweep->add_option("--calibrate-window", sweep.calibrate_window, "window length of the calibration's batches (8 windows each)")
-            ->check(whole(2, 1 << 20));
-        amor_sweep->add_option("--seed", sweep.seed, "seed of the calibration's window draw")->check(tool::cli::seed_value());
+        auto* calibrate = amor_sweep
+                              ->add_option("--calibrate", sweep.calibrate,
+                                           "before sweeping, set each gate's statistics m̄, s̄ to the lower median and std of its entropy at "
+                                           "this many positions (rounded up to whole windows) of the training split, every block firing "
+                                           "(for blocks trained always on, whose statistics never moved: κ then gates them); default: off, "
+                                           "the file's statistics")
+                              ->check(whole(2, std::int64_t{1} << 24));
+        amor_sweep->add_option("--calibrate-window", sweep.calibrate_window, "window length of the calibration (batches of up to 8 windows)")
+            ->check(whole(2, 1 << 20))
+            ->needs(calibrate);
+        amor_sweep->add_option("--seed", sweep.seed, "seed of the calibration's window draw")->check(tool::cli::seed_value())->needs(calibrate);
         amor_sweep->add_option("--from-csv", sweep.from_csv, "re-draw the --svg plot of a finished sweep from its --csv file (no model is loaded)");
 
         amor_router = command("amor-router",

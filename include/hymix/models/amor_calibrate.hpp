@@ -4,12 +4,14 @@
 // (τ = m̄ + κ·s̄), which is "train with attention everywhere, pay for it only where the backbone is uncertain".
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <vector>
 
 #include "hymix/core/error.hpp"
+#include "hymix/core/finite.hpp"
 #include "hymix/core/tensor.hpp"
 #include "hymix/gate/entropy_ema.hpp"
 #include "hymix/gate/entropy_router.hpp"
@@ -25,15 +27,16 @@ struct gate_calibration {
     float running_threshold = 0, running_std = 0;  ///< m̄ (lower median of H) and s̄ (unbiased std of H)
 };
 
-/// Records the exact normalised entropy H at `positions` positions of every entropy gate of stack m, from batches of
-/// `batch` windows drawn by `sampler` (the training split), with every block firing on every token (the regime in
+/// Records the exact normalised entropy H at every position of ⌈positions / L⌉ windows of L = sampler.seq_len() bytes
+/// (drawn by `sampler` from the training split, in batches of at most `batch` windows) at every entropy gate of stack
+/// m: whole windows, so that early and late positions (short and long contexts) weigh as they do in the windows, with
+/// every block firing on every token (the regime in
 /// which always-on blocks were trained, so each block sees the inputs it was trained on); then sets each gate's m̄ and
 /// s̄ from its own entropies (entropy_ema::calibrate), switches the gates to gating (always_on false) and leaves κ and
-/// any sample tap as they were. Every position of a window counts (not only the last); the run ends at the first batch
-/// that fills every gate, which is used only up to `positions`. `progress` (optional) hears the positions recorded so
-/// far after each batch. Throws config_error if a gate has a router set (H must be exact) or the stack has no entropy
-/// gate, value_error for positions < 2 or batch < 1 and from calibrate (a non-finite entropy); on any throw every gate
-/// is left as it was. Statistics of a gate in the fixed offset mode are set too (τ = m̄ + gate_offset).
+/// any sample tap as they were. `progress` (optional) hears the positions recorded so far after each batch. Throws
+/// config_error if a gate has a router set (H must be exact) or the stack has no entropy gate, value_error for
+/// positions < 2 or batch < 1, nonfinite_error naming the gate for a NaN or infinite entropy; on any throw every gate is
+/// left as it was. Statistics of a gate in the fixed offset mode are set too (τ = m̄ + gate_offset).
 template <class B, class S>
 std::vector<gate_calibration> calibrate_entropy_gates(const B& be, S& m, train::window_sampler& sampler, std::int64_t positions,
                                                       std::int64_t batch = 8,
@@ -62,10 +65,11 @@ std::vector<gate_calibration> calibrate_entropy_gates(const B& be, S& m, train::
             g.gate->set_always_on(g.always_on);
         }
     };
+    const std::int64_t L = sampler.seq_len(), windows = (positions + L - 1) / L;
     try {
         for (auto& g : gates) {
             auto t = std::make_shared<router_samples>();
-            t->max_rows = positions;
+            t->max_rows = windows * L;
             t->record_inputs = false;
             g.gate->set_sample_tap(t);
             g.gate->set_always_on(false);
@@ -76,14 +80,17 @@ std::vector<gate_calibration> calibrate_entropy_gates(const B& be, S& m, train::
             taps.push_back(std::move(t));
         }
         const std::int64_t V = m.config().vocab_size;
-        std::int64_t recorded = 0;
-        while (recorded < positions) {
-            const auto b = sampler.next(batch);
+        for (std::int64_t done = 0; done < windows;) {
+            const auto b = sampler.next(std::min(batch, windows - done));
             auto cache = m.make_cache(b.n_seq);
             tensor<float> logits({b.n_seq, V});  // the gates see every position; only the last logits are formed
             m.forward_last(be, cache, seq_batch::dense(b.n_seq, b.seq_len), b.inputs, logits.view<2>());
-            recorded = taps.front()->rows();
+            done += b.n_seq;
+            std::int64_t recorded = taps.front()->rows();
             for (const auto& t : taps) recorded = std::min(recorded, t->rows());
+            if (recorded != done * L)
+                throw config_error("calibrate_entropy_gates: a gate recorded " + std::to_string(recorded) + " entropies of " +
+                                   std::to_string(done * L) + " positions (every gate must see every position)");
             if (progress) progress(recorded);
         }
     } catch (...) {
@@ -94,6 +101,10 @@ std::vector<gate_calibration> calibrate_entropy_gates(const B& be, S& m, train::
     try {
         for (std::size_t i = 0; i < gates.size(); ++i) {
             auto& g = *gates[i].gate;
+            for (float h : taps[i]->H)
+                if (!std::isfinite(h))
+                    throw nonfinite_error("calibrate_entropy_gates: entropy gate " + std::to_string(i) + " (AMOR block " + std::to_string(i) +
+                                          ") saw a non-finite entropy (" + std::to_string(h) + "): its input holds NaN or Inf");
             g.calibrate(taps[i]->H);
             g.set_sample_tap(gates[i].tap);
             if (g.config().offset_mode == amor_offset_mode::adaptive) g.set_kappa(gates[i].kappa);

@@ -74,6 +74,7 @@ public:
                               " bytes, a window needs " + std::to_string(seq_len + 1));
     }
 
+    std::int64_t seq_len() const noexcept { return seq_len_; }
     /// The next batch of n_seq windows.
     token_batch next(std::int64_t n_seq) {
         token_batch b;

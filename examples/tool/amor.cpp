@@ -322,10 +322,10 @@ int sweep_amor(const common_options& c, const amor_sweep_options& o, Backbone bb
     S m = hymix::models::load_amor<S>(std::move(bb), c.amor);
     const auto for_gates = [&](auto&& f) { hymix::models::for_each_entropy_gate(m, f); };
     if (o.calibrate > 0) {
+        const std::int64_t windows = (o.calibrate + o.calibrate_window - 1) / o.calibrate_window;
         console::note("amor-sweep: calibrating the gate statistics on {} positions per block ({} whole {}-byte windows of the training "
                       "split, seed {}, every block firing){}",
-                      (o.calibrate + o.calibrate_window - 1) / o.calibrate_window * o.calibrate_window,
-                      (o.calibrate + o.calibrate_window - 1) / o.calibrate_window, o.calibrate_window, o.seed,
+                      windows * o.calibrate_window, windows, o.calibrate_window, o.seed,
                       trained.always_on ? "" : "; they replace the statistics the blocks were trained with");
         std::vector<std::pair<float, float>> trained_stats;
         for_gates([&](hymix::entropy_ema& g) { trained_stats.emplace_back(g.running_threshold(), g.running_std()); });
@@ -333,8 +333,7 @@ int sweep_amor(const common_options& c, const amor_sweep_options& o, Backbone bb
         const auto cal = hymix::models::calibrate_entropy_gates(be, m, sampler, o.calibrate, 8);
         for (std::size_t b = 0; b < cal.size(); ++b)
             fmt::print("calibrated block {}: m̄ {:.5f}  s̄ {:.5f}  ({} positions; the file's m̄ {:.5f}, s̄ {:.5f})\n", b, cal[b].running_threshold,
-                       cal[b].running_std, cal[b].positions, b < trained_stats.size() ? trained_stats[b].first : 0.f,
-                       b < trained_stats.size() ? trained_stats[b].second : 0.f);
+                       cal[b].running_std, cal[b].positions, trained_stats[b].first, trained_stats[b].second);
     }
     if (sweep_kappa) {
         for (float k : o.kappas) {

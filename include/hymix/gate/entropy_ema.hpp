@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "hymix/backend/concepts.hpp"
+#include "hymix/core/finite.hpp"
 #include "hymix/core/error.hpp"
 #include "hymix/core/linear_weight.hpp"
 #include "hymix/core/tensor.hpp"
@@ -233,11 +234,11 @@ public:
     /// positions: approximately where the EMA of spec.md §5.2 settles when every batch is drawn from the same
     /// distribution (it averages each batch's median and std; large batches make the two agree).
     /// For blocks whose statistics never moved in training (always-on runs), so that κ can gate them at inference
-    /// (models/amor_calibrate.hpp records H). Throws value_error for fewer than 2 values or a non-finite one.
+    /// (models/amor_calibrate.hpp records H). Throws value_error for fewer than 2 values, nonfinite_error (a value_error)
+    /// for a non-finite one.
     void calibrate(std::span<const float> H) {
         if (H.size() < 2) throw value_error("entropy_ema: calibration needs at least 2 entropies, found " + std::to_string(H.size()));
-        for (float h : H)
-            if (!std::isfinite(h)) throw value_error("entropy_ema: calibration entropies must be finite, found " + std::to_string(h));
+        require_finite(H, "entropy_ema::calibrate: entropies");
         set_statistics(static_cast<float>(detail::lower_median(std::vector<float>(H.begin(), H.end()))), static_cast<float>(detail::unbiased_std(H)));
     }
     /// fire[r] = H[r] > τ.

@@ -4,7 +4,7 @@
 // (τ = m̄ + κ·s̄), which is "train with attention everywhere, pay for it only where the backbone is uncertain".
 #pragma once
 
-#include <cmath>
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -101,11 +101,12 @@ std::vector<gate_calibration> calibrate_entropy_gates(const B& be, S& m, train::
     try {
         for (std::size_t i = 0; i < gates.size(); ++i) {
             auto& g = *gates[i].gate;
-            for (float h : taps[i]->H)
-                if (!std::isfinite(h))
-                    throw nonfinite_error("calibrate_entropy_gates: entropy gate " + std::to_string(i) + " (AMOR block " + std::to_string(i) +
-                                          ") saw a non-finite entropy (" + std::to_string(h) + "): its input holds NaN or Inf");
-            g.calibrate(taps[i]->H);
+            try {
+                g.calibrate(taps[i]->H);
+            } catch (const nonfinite_error& e) {  // name the gate: its input holds NaN or Inf
+                throw nonfinite_error("calibrate_entropy_gates: entropy gate " + std::to_string(i) + " (AMOR block " + std::to_string(i) +
+                                      "): " + e.what() + " (its input holds NaN or Inf)");
+            }
             g.set_sample_tap(gates[i].tap);
             if (g.config().offset_mode == amor_offset_mode::adaptive) g.set_kappa(gates[i].kappa);
             g.set_always_on(false);

@@ -13,12 +13,19 @@
 // per call (decode is bound by them), less an untied embedding (a decode step reads B of its rows).
 // A model is built once per (config, dtype) and kept while its benchmarks run; building 0.8B parameters takes
 // seconds and 3.2 GB (f32).
+//
+// HYMIX_OP_PROFILE=DIR: after timing, each benchmark runs a few more calls with an op profile set on its backend
+// (backend/op_profile.hpp) and writes DIR/<benchmark name>.csv: time per call of each op and argument shapes, its
+// fraction of the calls' wall time, and the time outside ops; the op totals are also printed to stderr.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iostream>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -27,6 +34,7 @@
 #include <variant>
 #include <vector>
 
+#include "hymix/backend/op_profile.hpp"
 #include "hymix/io/json.hpp"
 #include "hymix/models/hf_mamba2.hpp"
 #include "hymix/models/hf_qwen3_5.hpp"
@@ -133,11 +141,41 @@ std::vector<std::int32_t> random_tokens(std::size_t n, std::int64_t V, std::uint
 
 int threads() { return hymix::bench::first_thread_count(0); }
 
+/// With HYMIX_OP_PROFILE set: runs `call` `reps` times with an op profile on `be` and writes the profile of one call
+/// (seconds divided by reps) to $HYMIX_OP_PROFILE/<name with '/' as '_'>.csv. A no-op otherwise.
+template <class F>
+void profile_ops(hymix::cpu_backend& be, const std::string& name, int reps, F&& call) {
+    const char* dir = std::getenv("HYMIX_OP_PROFILE");
+    if (dir == nullptr || *dir == 0) return;
+    hymix::op_profile prof;
+    be.set_op_profile(&prof);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < reps; ++r) call();
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+    be.set_op_profile(nullptr);
+    std::string file = name;
+    std::replace(file.begin(), file.end(), '/', '_');
+    std::replace(file.begin(), file.end(), ':', '-');
+    fs::create_directories(dir);
+    std::ofstream os(fs::path(dir) / (file + ".csv"));
+    os << "op,shapes,calls_per_call,ms_per_call,fraction_of_wall\n";
+    double inside = 0;
+    for (const auto& e : prof.entries()) {
+        const double ms = 1e3 * e.seconds / reps;
+        inside += ms;
+        os << e.op << ",\"" << e.shapes << "\"," << double(e.calls) / reps << ',' << ms << ',' << ms / (1e3 * wall) << '\n';
+    }
+    os << "(outside ops),\"\",0," << 1e3 * wall - inside << ',' << 1.0 - inside / (1e3 * wall) << '\n';
+    std::cerr << name << ": " << 1e3 * wall << " ms per call with the profile on, " << reps << " calls; by op:";
+    for (const auto& e : prof.by_op()) std::cerr << ' ' << e.op << ' ' << 1e3 * e.seconds / reps << " ms;";
+    std::cerr << '\n';
+}
+
 constexpr std::int64_t T = 512;
 
-void prefill(benchmark::State& st, fs::path config, hymix::dtype d) {
+void prefill(benchmark::State& st, std::string name, fs::path config, hymix::dtype d) {
     with_model(config, d, [&](auto& m) {
-        const hymix::cpu_backend be(threads());
+        hymix::cpu_backend be(threads());
         const auto V = m.config().vocab_size;
         const auto mc = counts(m);
         auto c = m.make_cache(1);
@@ -149,6 +187,10 @@ void prefill(benchmark::State& st, fs::path config, hymix::dtype d) {
             m.forward_last(be, c, b, toks, logits.view<2>());
             benchmark::DoNotOptimize(logits.data());
         }
+        profile_ops(be, name, 3, [&] {
+            c.reset_slot(0);
+            m.forward_last(be, c, b, toks, logits.view<2>());
+        });
         // The head runs for the last position only (forward_last).
         const double flops = double(T) * 2.0 * mc.body + 2.0 * mc.head + mc.attn_layers * 4.0 * mc.attn_width * double(T) * double(T) / 2.0;
         hymix::bench::report(st, double(T), flops, mc.bytes, be.num_threads());
@@ -156,9 +198,9 @@ void prefill(benchmark::State& st, fs::path config, hymix::dtype d) {
     });
 }
 
-void decode(benchmark::State& st, fs::path config, hymix::dtype d, std::int64_t batch) {
+void decode(benchmark::State& st, std::string name, fs::path config, hymix::dtype d, std::int64_t batch) {
     with_model(config, d, [&](auto& m) {
-        const hymix::cpu_backend be(threads());
+        hymix::cpu_backend be(threads());
         const auto V = m.config().vocab_size;
         const auto mc = counts(m);
         auto c = m.make_cache(batch);
@@ -174,6 +216,7 @@ void decode(benchmark::State& st, fs::path config, hymix::dtype d, std::int64_t 
             m.forward(be, c, step, toks, last.view<2>());
             benchmark::DoNotOptimize(last.data());
         }
+        profile_ops(be, name, 20, [&] { m.forward(be, c, step, toks, last.view<2>()); });
         const double flops = double(batch) * (2.0 * (mc.body + mc.head) + mc.attn_layers * 4.0 * mc.attn_width * double(T));
         hymix::bench::report(st, double(batch), flops, mc.bytes, be.num_threads());
         st.counters["weight_MB"] = mc.bytes / 1e6;
@@ -185,14 +228,16 @@ const bool registered = [] {
         const std::string name = cfg.stem().string();
         for (hymix::dtype d : {hymix::dtype::f32, hymix::dtype::bf16, hymix::dtype::f16, hymix::dtype::i8}) {
             const std::string dn = hymix::weight_dtype_name(d);
-            benchmark::RegisterBenchmark(("prefill/" + name + "/" + dn + "/T:512").c_str(), prefill, cfg, d)
+            const std::string pn = "prefill/" + name + "/" + dn + "/T:512";
+            benchmark::RegisterBenchmark(pn.c_str(), prefill, pn, cfg, d)
                 ->Unit(benchmark::kMillisecond)
                 ->UseRealTime();
-            for (std::int64_t b : {1, 8})
-                benchmark::RegisterBenchmark(("decode/" + name + "/" + dn + "/batch:" + std::to_string(b) + "/context:512").c_str(), decode,
-                                             cfg, d, b)
+            for (std::int64_t b : {1, 8}) {
+                const std::string dn_name = "decode/" + name + "/" + dn + "/batch:" + std::to_string(b) + "/context:512";
+                benchmark::RegisterBenchmark(dn_name.c_str(), decode, dn_name, cfg, d, b)
                     ->Unit(benchmark::kMillisecond)
                     ->UseRealTime();
+            }
         }
     }
     return true;

@@ -15,6 +15,10 @@
 #                                                     DeltaNet and attention layers (B 1, T 512), the chunked delta
 #                                                     rule alone (16 heads × 128) and its projections (bench_linear's
 #                                                     model shapes, M 512)
+#   PHASE=profile bash scripts/dev/device_scaling.sh  where the time goes, op by op (HYMIX_OP_PROFILE): prefill 512
+#                                                     (f32) and decode B 1 / B 8 (f32, bf16) of both configs on every
+#                                                     core, and their prefill on 2 cores, one CSV per benchmark under
+#                                                     $OUT/profile_<cores>/
 # Results (Google Benchmark CSVs, peaks measured in the same run) land in $OUT, with the two binaries where this call
 # built them (models, peers and prefill phases).
 set -eo pipefail
@@ -25,6 +29,15 @@ bin=.benchbin
 configure() { cmake --preset release -DHYMIX_BUILD_TESTS=OFF >/tmp/cfg.log 2>&1 || { tail -20 /tmp/cfg.log; exit 1; }; }
 if [ "${PHASE:-models}" = layers ]; then  # builds its own three benchmarks below
     configure
+elif [ "${PHASE:-models}" = profile ] && ! "$bin/bench_model_sizes" --benchmark_list_tests >/dev/null 2>&1; then
+    t0=$(date +%s)
+    configure
+    cmake --build build/release -j"$(nproc)" --target bench_model_sizes >/tmp/build.log 2>&1 \
+        || { grep -E 'error' -A5 /tmp/build.log | head -40; exit 1; }
+    echo "device_scaling: built in $(( $(date +%s) - t0 )) s"
+    bin=build/release/bench
+elif [ "${PHASE:-models}" = profile ]; then
+    :
 elif ! "$bin/bench_oryx" --benchmark_list_tests >/dev/null 2>&1 || ! "$bin/bench_model_sizes" --benchmark_list_tests >/dev/null 2>&1; then
     t0=$(date +%s)
     configure
@@ -90,5 +103,13 @@ layers)
         echo "  layers on $c cores done"
     done
     ;;
-*) echo "device_scaling: PHASE is models, peers, prefill or layers" >&2; exit 2 ;;
+profile)
+    for c in "$cores" 2; do
+        filter='prefill/.*/f32/'
+        [ "$c" = "$cores" ] && filter='(prefill/.*/f32/)|(decode/.*/(f32|bf16)/batch:(1|8)/)'
+        HYMIX_OP_PROFILE="$OUT/profile_$c" sizes "$OUT/profile_sizes_$c.csv" "$c" "$filter" 0.5 2>"$OUT/profile_$c.log"
+        cat "$OUT/profile_$c.log"
+    done
+    ;;
+*) echo "device_scaling: PHASE is models, peers, prefill, layers or profile" >&2; exit 2 ;;
 esac

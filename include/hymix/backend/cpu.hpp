@@ -17,6 +17,7 @@
 #include <xsimd/xsimd.hpp>
 
 #include "hymix/backend/concepts.hpp"
+#include "hymix/backend/op_profile.hpp"
 #include "hymix/core/error.hpp"
 
 namespace hymix {
@@ -93,8 +94,14 @@ public:
     /// Every op has finished when it returns (parallel_for joins), so there is nothing to wait for.
     void synchronize() const noexcept {}
 
+    /// Times every op this backend runs into `p` (backend/op_profile.hpp) until set back to nullptr; the profile
+    /// must outlive that. Costs a branch per op when unset, and a clock read and a map update per op when set.
+    void set_op_profile(op_profile* p) noexcept { profile_ = p; }
+    op_profile* op_profiler() const noexcept { return profile_; }
+
 private:
     int threads_;
+    op_profile* profile_ = nullptr;
     std::unique_ptr<tbb::task_arena> arena_;  // task_arena::execute is non-const; the arena is an execution resource
 };
 

@@ -4,12 +4,16 @@
 // blocks and stacks call `dispatch<Op>(be, args...)` (through the named wrappers of hymix/ops/) and never loop over
 // activations themselves, so a new backend is new specialisations, not edits, and a backend that lacks an op fails
 // to compile with a message naming both (the primary template only static_asserts; tested in tests/failtest).
+// A backend that offers an op profile (`op_profiler()` returning a non-null op_profile*) has its void ops timed
+// here (backend/op_profile.hpp); without one, dispatch is the direct call.
 #pragma once
 
+#include <concepts>
 #include <type_traits>
 #include <utility>
 
 #include "hymix/backend/concepts.hpp"
+#include "hymix/backend/op_profile.hpp"
 
 namespace hymix {
 
@@ -49,13 +53,26 @@ concept runs_op = requires(const Backend& be, Args&&... args) { op_impl<Op, Back
 template <class Op, class Backend, class... Args>
 concept dispatchable_op = !implements_op<Op, Backend> || runs_op<Op, Backend, Args...>;
 
-/// Runs op `Op` on backend `be`. Fails to compile, naming the op and the backend, when the backend lacks it.
+/// A backend that can time its ops: `op_profiler()` returns the profile to record into, or nullptr.
+template <class Backend>
+concept profiling_backend = requires(const Backend& be) {
+    { be.op_profiler() } -> std::same_as<op_profile*>;
+};
+
+/// Runs op `Op` on backend `be`. Fails to compile, naming the op and the backend, when the backend lacks it. Ops that
+/// return nothing are timed into the backend's op profile when it has one set (queries that return a value are not).
 template <class Op, backend Backend, class... Args>
 decltype(auto) dispatch(const Backend& be, Args&&... args) {
     if constexpr (!implements_op<Op, Backend>) {
         static_assert(detail::backend_lacks_op<Op, Backend>::value,
                       "hymix: this backend does not implement this op (the instantiation above names them as Op and "
                       "Backend): specialise hymix::op_impl<Op, Backend>");
+    } else if constexpr (profiling_backend<Backend> &&
+                         std::is_void_v<decltype(op_impl<Op, Backend>::run(be, std::forward<Args>(args)...))>) {
+        if (op_profile* p = be.op_profiler())
+            detail::profiled_call<Op>(*p, be, [&] { op_impl<Op, Backend>::run(be, std::forward<Args>(args)...); }, args...);
+        else
+            op_impl<Op, Backend>::run(be, std::forward<Args>(args)...);
     } else {
         return op_impl<Op, Backend>::run(be, std::forward<Args>(args)...);
     }

@@ -215,7 +215,9 @@ struct invariance_case {
 // bits. Shapes: K a multiple of the SIMD width and not, N not a multiple of the tile width, a row stride > K, and
 // a K large enough for several row blocks.
 TEST_CASE("linear is batch-invariant: a row's outputs are bit-identical at any position in any batch size") {
-    const std::int64_t shapes[][4] = {{37, 771, 771, 12}, {130, 256, 260, 13}, {771, 768, 768, 14}, {45, 4099, 4101, 15}};
+    // {N, K, row stride of x, seed}; N 16 is a GDN layer's gate projection, split over rows as well as columns on 16
+    // threads (for_column_groups), as is N 130 there.
+    const std::int64_t shapes[][4] = {{37, 771, 771, 12}, {130, 256, 260, 13}, {771, 768, 768, 14}, {45, 4099, 4101, 15}, {16, 1024, 1030, 16}};
     for (const auto& sh : shapes) {
         const std::int64_t P = 301;
         const invariance_case ic(P, sh[0], sh[1], sh[2], static_cast<std::uint64_t>(sh[3]) * 1000);
@@ -223,7 +225,7 @@ TEST_CASE("linear is batch-invariant: a row's outputs are bit-identical at any p
             const cpu_backend one(1);
             std::vector<std::vector<float>> alone(static_cast<std::size_t>(P));
             for (std::int64_t p = 0; p < P; ++p) alone[static_cast<std::size_t>(p)] = ic.run(one, {p}, bias);
-            for (int threads : {1, 2}) {
+            for (int threads : {1, 2, 16}) {  // 16: more threads than cores here, for the row split of few columns
                 const cpu_backend be(threads);
                 for (std::int64_t M : {1, 2, 3, 7, 8, 9, 17, 64, 300}) {
                     for (std::int64_t offset : {std::int64_t{0}, std::int64_t{1}, std::int64_t{2}, std::int64_t{3}, P - M / 2}) {
@@ -454,7 +456,7 @@ void check_q8_weights(const char* arch_name) {
     const std::int64_t Ms[] = {1, 2, 3, 5, 8, 13, 64, 131};
     const std::int64_t NKs[][2] = {{1, 1}, {7, 15}, {37, 53}, {29, 128}, {50, 1100}, {24, 2061}};
     std::uint64_t seed = 900;
-    for (int threads : {1, 2}) {
+    for (int threads : {1, 2, 16}) {  // 16: rows split as well as columns (few columns per thread)
         const Backend be(threads);
         for (const auto& nk : NKs) {
             const std::int64_t N = nk[0], K = nk[1];

@@ -352,16 +352,38 @@ void check_linear_args(tensor_view<const float, 2> x, tensor_view<const TW, 2> w
     if (bias) hymix::detail::require_no_overlap(y, "output", tensor_view<const float, 1>(bias, {N}), "bias", "linear");
 }
 
-/// f(n0, n1) over output columns [0, N) in tasks of whole groups of weight tiles, about 4 per thread (decode: enough
-/// to balance; prefill: big enough to reuse each block of x), each of at least min_task_macs multiply-adds (M · K per
-/// column): a small projection runs inline rather than paying a fork and join for a few microseconds of work. The
-/// split does not change any output's bits (each column's sum is the same whichever task computes it).
+/// f(m0, m1, n0, n1) over rows [0, M) × output columns [0, N) in tasks of whole groups of weight tiles, about 4 per
+/// thread (decode: enough to balance; prefill: big enough to reuse each block of x), each of at least min_task_macs
+/// multiply-adds (M · K per column): a small projection runs inline rather than paying a fork and join for a few
+/// microseconds of work. A prefill projection with fewer groups than two per thread (a GDN layer's 16 gate columns,
+/// or 1024 columns over 16 threads) also splits its rows, in parts of at least 32, so that every thread has work.
+/// Neither split changes any output's bits (each output's sum is the same whichever task computes it: see the
+/// summation order above).
 template <class Arch, class Backend, class F>
 void for_column_groups(const Backend& be, std::int64_t M, std::int64_t K, std::int64_t N, F&& f) {
-    constexpr std::int64_t G = linear_tiles<Arch>::group;
-    const std::int64_t groups = (N + G - 1) / G;
-    const std::int64_t grain = std::max({std::int64_t{1}, groups / (4 * be.num_threads()), task_grain(M * K * G)});
-    be.parallel_for(groups, grain, [&](std::int64_t g0, std::int64_t g1) { f(g0 * G, std::min(N, g1 * G)); });
+    constexpr std::int64_t G = linear_tiles<Arch>::group, min_part_rows = 32;
+    const std::int64_t groups = (N + G - 1) / G, threads = be.num_threads();
+    const std::int64_t row_parts =
+        groups >= 2 * threads ? 1 : std::max<std::int64_t>(1, std::min((2 * threads + groups - 1) / groups, M / min_part_rows));
+    if (row_parts > 1) {
+        // Tasks of one (row part, column group) each, as long as that holds min_task_macs.
+        const std::int64_t items = row_parts * groups, rows = M / row_parts;
+        be.parallel_for(items, task_grain(rows * K * G), [&](std::int64_t i0, std::int64_t i1) {
+            for (std::int64_t i = i0; i < i1; ++i) {
+                const std::int64_t p = i / groups, g = i % groups;
+                f(p * M / row_parts, (p + 1) * M / row_parts, g * G, std::min(N, (g + 1) * G));
+            }
+        });
+        return;
+    }
+    const std::int64_t grain = std::max({std::int64_t{1}, groups / (4 * threads), task_grain(M * K * G)});
+    be.parallel_for(groups, grain, [&](std::int64_t g0, std::int64_t g1) { f(std::int64_t{0}, M, g0 * G, std::min(N, g1 * G)); });
+}
+
+/// Rows [m0, m1) of a matrix view, as a view of its own.
+template <class T>
+tensor_view<T, 2> row_range(tensor_view<T, 2> a, std::int64_t m0, std::int64_t m1) {
+    return tensor_view<T, 2>(a.data + m0 * a.strides[0], {m1 - m0, a.dim(1)}, a.strides);
 }
 
 }  // namespace detail
@@ -369,7 +391,8 @@ void for_column_groups(const Backend& be, std::int64_t M, std::int64_t K, std::i
 /// y[M, N] = x[M, K] · w[N, K]ᵀ (+ bias[N]). x, bias and y fp32; w fp32, bf16 or f16 (widened exactly as loaded,
 /// fp32 products and sums: the result is the f32 kernel's on w's widened values, bit for bit). Inner strides must
 /// be 1; y must not overlap x, w or bias. Throws shape_error on a mismatch, naming the argument (detail::
-/// check_linear_args). Parallel over output columns on the backend's threads. Batch-invariant: y[m, :] depends only
+/// check_linear_args). Parallel over output columns on the backend's threads (and over rows too for a prefill with few
+/// columns: detail::for_column_groups). Batch-invariant: y[m, :] depends only
 /// on x[m, :], w and bias, bit for bit, whatever M, the row's position and the thread count (see detail's summation
 /// order).
 template <class TW, cpu_backend_type Backend>
@@ -379,8 +402,8 @@ void linear_typed(const Backend& be, tensor_view<const float, 2> x, tensor_view<
     using Arch = typename Backend::arch;
     detail::check_linear_args(x, w, bias, y);
     if (x.dim(0) == 0 || w.dim(0) == 0) return;
-    detail::for_column_groups<Arch>(be, x.dim(0), x.dim(1), w.dim(0), [&](std::int64_t n0, std::int64_t n1) {
-        detail::linear_columns<Arch, TW>(x, w, bias, y, n0, n1);
+    detail::for_column_groups<Arch>(be, x.dim(0), x.dim(1), w.dim(0), [&](std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1) {
+        detail::linear_columns<Arch, TW>(detail::row_range(x, m0, m1), w, bias, detail::row_range(y, m0, m1), n0, n1);
     });
 }
 
@@ -395,9 +418,9 @@ void linear_q8(const Backend& be, tensor_view<const float, 2> x, q8_view w, cons
     detail::check_linear_args(x, w.q, bias, y);
     if (N > 0) hymix::detail::require_no_overlap(y, "output", tensor_view<const float, 1>(w.scale, {N}), "weight scales", "linear");
     if (M == 0 || N == 0) return;
-    detail::for_column_groups<Arch>(be, M, x.dim(1), N, [&](std::int64_t n0, std::int64_t n1) {
-        detail::linear_columns<Arch, std::int8_t>(x, w.q, nullptr, y, n0, n1);
-        for (std::int64_t m = 0; m < M; ++m) {
+    detail::for_column_groups<Arch>(be, M, x.dim(1), N, [&](std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1) {
+        detail::linear_columns<Arch, std::int8_t>(detail::row_range(x, m0, m1), w.q, nullptr, detail::row_range(y, m0, m1), n0, n1);
+        for (std::int64_t m = m0; m < m1; ++m) {
             float* yr = &y(m, 0);
             if (bias)
                 for (std::int64_t n = n0; n < n1; ++n) yr[n] = yr[n] * w.scale[n] + bias[n];

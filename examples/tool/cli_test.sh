@@ -183,6 +183,20 @@ score)
     expect 1 "--bytes 1000 from --offset 100 runs past the end" score -m "$tiny" --text "$work/t1024" --offset 100 --bytes 1000
     expect 1 "--full-windows needs more than --window 512" score -m "$tiny" --text "$work/t100" --full-windows
     expect 2 "--text: '$work' is a directory" score -m "$tiny" --text "$work"
+    # --profile-ops: the time per op in a CSV, the largest shares on stderr; the reference backend has no op profile.
+    rm -f "$work/ops.csv"
+    expect 0 "ops: [0-9.]+ s inside ops of [0-9.]+ s .*largest shares: [a-z_0-9]+ [0-9.]+%" score -m "$tiny" --text "$work/t1024" --profile-ops "$work/ops.csv"
+    if head -1 "$work/ops.csv" | grep -qx 'op,shapes,calls,seconds,fraction' && grep -qE '^linear,"\[[0-9,]+\] \[[0-9,]+\] \[[0-9,]+\]",[1-9][0-9]*,' "$work/ops.csv"; then
+        echo "ok:   --profile-ops CSV"
+    else
+        echo "FAIL: --profile-ops CSV"; head -5 "$work/ops.csv"; failures=$((failures + 1))
+    fi
+    cp "$work/ops.csv" "$work/ops_before.csv"  # a failed command leaves an earlier profile as it was
+    expect 1 "--offset 5000 is past the end" score -m "$tiny" --text "$work/t1024" --offset 5000 --profile-ops "$work/ops.csv"
+    same "$work/ops.csv" "$work/ops_before.csv" "--profile-ops: a failed command keeps the earlier file"
+    [ ! -e "$work/ops.csv.partial" ] || { echo "FAIL: --profile-ops left its side file"; failures=$((failures + 1)); }
+    expect 1 "--profile-ops times the cpu backend's ops" score -m "$tiny" --text "$work/t100" --backend ref --profile-ops "$work/ops.csv"
+    expect 2 "--profile-ops: cannot write '$work/no/such/dir/ops.csv'" score -m "$tiny" --text "$work/t100" --profile-ops "$work/no/such/dir/ops.csv"
     ;;
 logits)
     "$check" ids "$work/ids.safetensors" 2 5 256

@@ -164,3 +164,21 @@ std::vector<std::int32_t> config_eos(const hymix::io::json& cfg) {
 }
 
 }  // namespace tool
+
+namespace tool {
+
+void write_op_profile(std::ostream& out, const std::string& path, const hymix::op_profile& p, double wall_seconds) {
+    p.write_csv(out);
+    if (!out.flush()) throw hymix::io_error("--profile-ops: cannot write '" + path + "'");
+    const double inside = p.total_seconds();
+    std::string top;
+    int shown = 0;
+    for (const auto& e : p.by_op()) {
+        if (shown++ == 6) break;
+        top += fmt::format("{}{} {:.1f}%", top.empty() ? "" : ", ", e.op, inside > 0 ? 100.0 * e.seconds / inside : 0.0);
+    }
+    console::note("ops: {:.3f} s inside ops of {:.3f} s ({}); largest shares: {}; per op and shape in {}", inside, wall_seconds,
+                  "loading not counted", top.empty() ? "none" : top, path);
+}
+
+}  // namespace tool

@@ -329,6 +329,10 @@ struct command_line {
                           "router file of the --amor blocks (hymix amor-router; spec.md §5.6): the gates fire on a small regressor's "
                           "estimate of the head entropy instead of the LM head pass (pays once the vocabulary exceeds the router width + 1: "
                           "about 513 with amor-router's default --hidden 512)");
+        if (inference)
+            c->add_option("--profile-ops", common.profile_ops,
+                          "write the time spent in each op (per op and argument shapes: calls, seconds, share) to this CSV file "
+                          "after the command, and the largest shares to stderr (cpu backend)");
         c->add_flag("--allow-nonfinite", common.allow_nonfinite,
                     "load weights holding NaN / Inf (each such tensor is named in a warning); logits writes non-finite "
                     "results");

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 
 #include "hymix/io/json.hpp"
@@ -55,15 +56,47 @@ amor_inputs open_amor_inputs(const common_options& c);
 basic_loaded_model<hymix::auto_model> load_cpu_model(const common_options& o);
 basic_loaded_model<hymix::reference_auto_model> load_reference_model(const common_options& o);
 
-/// Loads the model on the backend --backend names and returns f(model).
+/// Writes an op profile as CSV (op_profile::write_csv) to `out`, the open file `path`, and its largest shares by op to
+/// stderr. Throws io_error when the file cannot be written.
+void write_op_profile(std::ostream& out, const std::string& path, const hymix::op_profile& p, double wall_seconds);
+
+/// Loads the model on the backend --backend names and returns f(model). With --profile-ops (cpu backend only: a
+/// usage_error otherwise), the model's ops are timed while f runs and the profile is written when it returns.
 template <class F>
 int with_model(const common_options& o, F&& f) {
     if (o.backend == "ref") {
+        if (!o.profile_ops.empty())
+            throw usage_error("--profile-ops times the cpu backend's ops: --backend ref has none to time");
         auto m = load_reference_model(o);
         return f(m);
     }
-    auto m = load_cpu_model(o);
-    return f(m);
+    if (o.profile_ops.empty()) {
+        auto m = load_cpu_model(o);
+        return f(m);
+    }
+    // Written to a side file opened first (an unwritable path fails before the work) and renamed over the path at
+    // the end, so a failed command leaves an earlier profile there as it was.
+    const std::string tmp = o.profile_ops + ".partial";
+    std::ofstream out(tmp);
+    if (!out) throw hymix::io_error("--profile-ops: cannot write '" + o.profile_ops + "'");
+    hymix::op_profile prof;
+    int rc = 0;
+    try {
+        auto m = load_cpu_model(o);
+        m.model.set_op_profile(&prof);
+        const auto t0 = clock_type::now();
+        rc = f(m);
+        m.model.set_op_profile(nullptr);
+        write_op_profile(out, o.profile_ops, prof, seconds_since(t0));
+        out.close();
+        std::filesystem::rename(tmp, o.profile_ops);
+    } catch (...) {
+        out.close();
+        std::error_code ec;
+        std::filesystem::remove(tmp, ec);
+        throw;
+    }
+    return rc;
 }
 
 /// An integer setting of config.json (null, absent or not an integer: none).

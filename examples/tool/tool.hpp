@@ -97,6 +97,7 @@ struct common_options {
     std::string modes;             // Oryx: a mode schedule (schedule/mode_schedule.hpp parse_mode_schedule); empty = default
     std::string weights = "f32";   // projection weights' storage after loading: f32 | bf16 | f16 | i8 (model::store_weights_as)
     std::string kv_cache = "f32";  // KV cache storage of the attention-like layers: f32 | bf16 | f16 (model::set_kv_dtype)
+    std::string profile_ops;       // CSV of the time per op (backend/op_profile.hpp) written after the command; empty = none
 };
 
 struct generate_options {

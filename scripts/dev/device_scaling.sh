@@ -18,7 +18,8 @@
 #   PHASE=profile bash scripts/dev/device_scaling.sh  where the time goes, op by op (HYMIX_OP_PROFILE): prefill 512
 #                                                     (f32) and decode B 1 / B 8 (f32, bf16) of both configs on every
 #                                                     core, and their prefill on 2 cores, one CSV per benchmark under
-#                                                     $OUT/profile_<cores>/
+#                                                     $OUT/profile_<cores>/; then the attention decode kernel
+#                                                     at 32K keys (32 / 8 heads × 128, f32 and bf16 KV) on every core
 # Results (Google Benchmark CSVs, peaks measured in the same run) land in $OUT, with the two binaries where this call
 # built them (models, peers and prefill phases).
 set -eo pipefail
@@ -32,7 +33,7 @@ if [ "${PHASE:-models}" = layers ]; then  # builds its own three benchmarks belo
 elif [ "${PHASE:-models}" = profile ] && ! "$bin/bench_model_sizes" --benchmark_list_tests >/dev/null 2>&1; then
     t0=$(date +%s)
     configure
-    cmake --build build/release -j"$(nproc)" --target bench_model_sizes >/tmp/build.log 2>&1 \
+    cmake --build build/release -j"$(nproc)" --target bench_model_sizes bench_attention >/tmp/build.log 2>&1 \
         || { grep -E 'error' -A5 /tmp/build.log | head -40; exit 1; }
     echo "device_scaling: built in $(( $(date +%s) - t0 )) s"
     bin=build/release/bench
@@ -110,6 +111,8 @@ profile)
         HYMIX_OP_PROFILE="$OUT/profile_$c" sizes "$OUT/profile_sizes_$c.csv" "$c" "$filter" 0.5 2>"$OUT/profile_$c.log"
         cat "$OUT/profile_$c.log"
     done
+    HYMIX_BENCH_THREADS=$cores "$bin/bench_attention" --benchmark_filter='BM_attn_decode_kernel/H:32/H_kv:8/d_h:128/ctx:32768/' \
+        --benchmark_repetitions=3 --benchmark_out="$OUT/attn_decode_$cores.csv" --benchmark_out_format=csv 2>&1 | grep -E 'median' || true
     ;;
 *) echo "device_scaling: PHASE is models, peers, prefill, layers or profile" >&2; exit 2 ;;
 esac

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "hymix/backend/cpu.hpp"
+#include "hymix/backend/op.hpp"
 #include "hymix/backend/reference.hpp"
 #include "hymix/core/error.hpp"
 #include "hymix/core/linear_weight.hpp"
@@ -250,6 +251,13 @@ public:
     /// rows, fired rows and per-row scores such as AMOR's normalised entropies). Empty for ungated models.
     const std::vector<block_stats>& stats(cache& c) const { return impl_->stats(*checked(c)); }
     const B& backend() const noexcept { return *be_; }
+    /// Times every op the model runs into `p` (backend/op_profile.hpp: wall time per op and argument shapes) until
+    /// set back to nullptr; `p` must outlive that. CPU models only (a backend with an op profile).
+    void set_op_profile(op_profile* p) noexcept
+        requires profiling_backend<B>
+    {
+        be_->set_op_profile(p);
+    }
 
     /// A cache with n_slots fresh sequence slots. Throws shape_error when n_slots <= 0.
     cache make_cache(std::int64_t n_slots) const { return cache(impl_->make_cache(n_slots)); }

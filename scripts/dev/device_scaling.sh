@@ -20,6 +20,11 @@
 #                                                     core, and their prefill on 2 cores, one CSV per benchmark under
 #                                                     $OUT/profile_<cores>/; then the attention decode kernel
 #                                                     at 32K keys (32 / 8 heads × 128, f32 and bf16 KV) on every core
+#   PHASE=ab bash scripts/dev/device_scaling.sh       before/after on every core: builds bench_model_sizes from this
+#                                                     tree and from a copy with the files of .ab_old/ laid over it
+#                                                     (the earlier versions of the changed headers), then alternates
+#                                                     the two for ROUNDS rounds (default 2) on prefill and decode;
+#                                                     one op profile of the new build; all in $OUT/ab.tar.gz
 # Results (Google Benchmark CSVs, peaks measured in the same run) land in $OUT, with the two binaries where this call
 # built them (models, peers and prefill phases).
 set -eo pipefail
@@ -37,7 +42,7 @@ elif [ "${PHASE:-models}" = profile ] && ! "$bin/bench_model_sizes" --benchmark_
         || { grep -E 'error' -A5 /tmp/build.log | head -40; exit 1; }
     echo "device_scaling: built in $(( $(date +%s) - t0 )) s"
     bin=build/release/bench
-elif [ "${PHASE:-models}" = profile ]; then
+elif [ "${PHASE:-models}" = profile ] || [ "${PHASE:-models}" = ab ]; then
     :
 elif ! "$bin/bench_oryx" --benchmark_list_tests >/dev/null 2>&1 || ! "$bin/bench_model_sizes" --benchmark_list_tests >/dev/null 2>&1; then
     t0=$(date +%s)
@@ -114,5 +119,42 @@ profile)
     HYMIX_BENCH_THREADS=$cores "$bin/bench_attention" --benchmark_filter='BM_attn_decode_kernel/H:32/H_kv:8/d_h:128/ctx:32768/' \
         --benchmark_repetitions=3 --benchmark_out="$OUT/attn_decode_$cores.csv" --benchmark_out_format=csv 2>&1 | grep -E 'median' || true
     ;;
-*) echo "device_scaling: PHASE is models, peers, prefill, layers or profile" >&2; exit 2 ;;
+ab)
+    [ -d .ab_old ] || { echo "device_scaling: PHASE=ab needs .ab_old/ (the earlier versions of the changed files)" >&2; exit 2; }
+    t0=$(date +%s)
+    rm -rf /tmp/ab_old && mkdir -p /tmp/ab_old && cp -a . /tmp/ab_old/ && cp -a .ab_old/. /tmp/ab_old/ && rm -rf /tmp/ab_old/build
+    configure
+    (cd /tmp/ab_old && configure)
+    cmake --build build/release -j"$cores" --target bench_model_sizes >/tmp/build_new.log 2>&1 &
+    pid_new=$!
+    (cd /tmp/ab_old && cmake --build build/release -j"$cores" --target bench_model_sizes >/tmp/build_old.log 2>&1) &
+    pid_old=$!
+    wait "$pid_new" || { grep -E 'error' -A5 /tmp/build_new.log | head -40; exit 1; }
+    wait "$pid_old" || { grep -E 'error' -A5 /tmp/build_old.log | head -40; exit 1; }
+    echo "device_scaling: built both in $(( $(date +%s) - t0 )) s"
+    mkdir -p "$OUT/ab"
+    filter="${AB_FILTER:-(prefill/.*/f32/)|(decode/.*/f32/batch:(1|8)/)|(decode/mamba2-780m/bf16/batch:(1|8)/)}"
+    # A third variant, "malloc": the new build with glibc's heap never trimmed or unmapped (MALLOC_TRIM_THRESHOLD_,
+    # MALLOC_MMAP_THRESHOLD_ at their largest), which shows what freeing and re-faulting per-call scratch costs on
+    # many cores.
+    for r in $(seq 1 "${ROUNDS:-2}"); do
+        for v in new old malloc; do
+            b=build/release/bench/bench_model_sizes
+            [ "$v" = old ] && b=/tmp/ab_old/build/release/bench/bench_model_sizes
+            env_malloc=()
+            [ "$v" = malloc ] && env_malloc=(MALLOC_TRIM_THRESHOLD_=68719476736 MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TOP_PAD_=268435456)
+            env "${env_malloc[@]}" HYMIX_BENCH_THREADS=$cores "$b" --benchmark_filter="$filter" --benchmark_min_time=1 \
+                --benchmark_out="$OUT/ab/${v}_$r.csv" --benchmark_out_format=csv >/dev/null 2>&1
+            grep -E '^"?(prefill|decode)' "$OUT/ab/${v}_$r.csv" | cut -d, -f1,3 | sed "s/^/  round $r $v: /" || true
+        done
+    done
+    HYMIX_OP_PROFILE="$OUT/ab/profile_new" HYMIX_BENCH_THREADS=$cores build/release/bench/bench_model_sizes \
+        --benchmark_filter='(prefill/.*/f32/)|(decode/mamba2-780m/f32/batch:8/)' --benchmark_min_time=0.2 >/dev/null 2>"$OUT/ab/profile_new.log"
+    MALLOC_TRIM_THRESHOLD_=68719476736 MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TOP_PAD_=268435456 \
+        HYMIX_OP_PROFILE="$OUT/ab/profile_malloc" HYMIX_BENCH_THREADS=$cores build/release/bench/bench_model_sizes \
+        --benchmark_filter='(prefill/qwen3.5-0.8b/f32/)' --benchmark_min_time=0.2 >/dev/null 2>"$OUT/ab/profile_malloc.log"
+    cut -c1-400 "$OUT/ab/profile_new.log" "$OUT/ab/profile_malloc.log" || true
+    tar -C "$OUT" -czf "$OUT/ab.tar.gz" ab && rm -rf "$OUT/ab"
+    ;;
+*) echo "device_scaling: PHASE is models, peers, prefill, layers, profile or ab" >&2; exit 2 ;;
 esac

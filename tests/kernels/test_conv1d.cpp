@@ -3,10 +3,14 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
+#include <span>
 #include <numeric>
 #include <vector>
 
+#include "hymix/backend/cpu.hpp"
 #include "hymix/kernels/conv1d.hpp"
+#include "hymix/ops/conv1d.hpp"
 #include "support/random.hpp"
 
 using namespace hymix;
@@ -252,5 +256,50 @@ TEST_CASE("conv1d: every view argument's stride rules are checked (shape_error n
                              doctest::Contains("kernel width must be >= 1"), shape_error);
         CHECK_THROWS_WITH_AS(kernels::causal_conv1d<float>(xv, wv, nullptr, nullptr, static_cast<kernels::conv_activation>(7), yv),
                              doctest::Contains("causal_conv1d: unknown activation 7"), value_error);
+    }
+}
+
+TEST_CASE("ops::causal_conv1d on many threads cuts few problems into channel pieces: the bits of one thread") {
+    // One problem per sequence (a decode step, or a Mamba-2 prefill), with and without L2 groups over the first channels
+    // (the GDN layer's q and k heads): on 16 threads (more than the cores here) each is cut into pieces of whole groups
+    // (or of 64 channels); outputs and states must be those of one thread, bit for bit.
+    for (std::int64_t T : {std::int64_t{1}, std::int64_t{37}}) {
+        for (std::int64_t n_prob : {std::int64_t{1}, std::int64_t{3}}) {
+            for (bool l2 : {false, true}) {
+                const std::int64_t C = 333, K = 4;
+                auto run = [&](int threads, std::vector<float>& st) {
+                    const cpu_backend be(threads);
+                    const auto x = uniform(static_cast<std::size_t>(n_prob * T * C), -2.f, 2.f, 11 + static_cast<std::uint64_t>(T));
+                    const auto w = uniform(static_cast<std::size_t>(C * K), -1.f, 1.f, 12);
+                    const auto b = uniform(static_cast<std::size_t>(C), -1.f, 1.f, 13);
+                    std::vector<float> y(x.size(), -9.f);
+                    std::vector<ops::conv_problem<>> ps(static_cast<std::size_t>(n_prob));
+                    for (std::int64_t i = 0; i < n_prob; ++i) {
+                        auto& p = ps[static_cast<std::size_t>(i)];
+                        p.x = tensor_view<const float, 2>(x.data() + i * T * C, {T, C});
+                        p.w = tensor_view<const float, 2>(w.data(), {C, K});
+                        p.bias = b.data();
+                        p.state = st.data() + i * C * (K - 1);
+                        p.out = tensor_view<float, 2>(y.data() + i * T * C, {T, C});
+                        if (l2) {
+                            p.l2_group = 16;
+                            p.l2_channels = 160;
+                            p.l2_eps = 1e-6f;
+                        }
+                    }
+                    ops::causal_conv1d(be, std::span<const ops::conv_problem<>>(ps), kernels::conv_activation::silu);
+                    return y;
+                };
+                const auto st0 = uniform(static_cast<std::size_t>(n_prob * C * (K - 1)), -1.f, 1.f, 14);
+                auto st1 = st0, st16 = st0;
+                const auto y1 = run(1, st1), y16 = run(16, st16);
+                CAPTURE(T);
+                CAPTURE(n_prob);
+                CAPTURE(l2);
+                CHECK(std::memcmp(y1.data(), y16.data(), y1.size() * sizeof(float)) == 0);
+                CHECK(std::memcmp(st1.data(), st16.data(), st1.size() * sizeof(float)) == 0);
+                CHECK(st1 != st0);
+            }
+        }
     }
 }

@@ -13,6 +13,7 @@
 #include "hymix/core/math.hpp"
 #include "hymix/core/linear_weight.hpp"
 #include "hymix/core/tensor.hpp"
+#include "hymix/backend/grain.hpp"
 #include "hymix/kernels/linear.hpp"
 
 namespace hymix {
@@ -105,11 +106,15 @@ void swiglu(const Backend& be, const swiglu_weights& w, tensor_view<const float,
     detail::require_swiglu_args(w, x, gu, y, "swiglu", true);
     const std::int64_t M = x.dim(0), F = w.down_proj.dim(1);
     linear(be, x, w.gate_up, nullptr, gu);
-    // Compact silu(g) ⊙ u into the first F columns of each row, then project down from that strided view.
-    for (std::int64_t m = 0; m < M; ++m) {
-        float* r = &gu(m, 0);
-        for (std::int64_t i = 0; i < F; ++i) r[i] = silu(r[i]) * r[F + i];
-    }
+    // Compact silu(g) ⊙ u into the first F columns of each row, then project down from that strided view. Rows in
+    // parallel (each a few µs of exp per thousand columns): run serially, this step took 5–9 ms of a 14.5 ms call of
+    // Qwen3.5 0.8B's MLP (M 512, F 3584) on 16 cores while the projections around it scaled (HYMIX_OP_PROFILE).
+    be.parallel_for(M, task_grain(4 * F), [&](std::int64_t m0, std::int64_t m1) {
+        for (std::int64_t m = m0; m < m1; ++m) {
+            float* r = &gu(m, 0);
+            for (std::int64_t i = 0; i < F; ++i) r[i] = silu(r[i]) * r[F + i];
+        }
+    });
     tensor_view<const float, 2> act(gu.data, {M, F}, {gu.strides[0], 1});
     linear(be, act, w.down_proj, nullptr, y);
 }

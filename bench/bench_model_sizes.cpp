@@ -28,6 +28,7 @@
 #include <iostream>
 #include <memory>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -147,6 +148,8 @@ template <class F>
 void profile_ops(hymix::cpu_backend& be, const std::string& name, int reps, F&& call) {
     const char* dir = std::getenv("HYMIX_OP_PROFILE");
     if (dir == nullptr || *dir == 0) return;
+    static std::set<std::string> done;  // Google Benchmark calls a benchmark more than once: profile it once
+    if (!done.insert(name).second) return;
     hymix::op_profile prof;
     be.set_op_profile(&prof);
     const auto t0 = std::chrono::steady_clock::now();
@@ -158,6 +161,10 @@ void profile_ops(hymix::cpu_backend& be, const std::string& name, int reps, F&& 
     std::replace(file.begin(), file.end(), ':', '-');
     fs::create_directories(dir);
     std::ofstream os(fs::path(dir) / (file + ".csv"));
+    if (!os) {
+        std::cerr << name << ": cannot write " << (fs::path(dir) / (file + ".csv")).string() << '\n';
+        return;
+    }
     os << "op,shapes,calls_per_call,ms_per_call,fraction_of_wall\n";
     double inside = 0;
     for (const auto& e : prof.entries()) {

@@ -462,6 +462,8 @@ std::string histogram_svg(const std::vector<float>& H, float tau, const std::str
 
 int run_amor_trace(const common_options& c, const amor_trace_options& o) {
     if (c.amor.empty()) throw usage_error("amor-trace needs --amor FILE (and the backbone as --model)");
+    if (!c.profile_ops.empty())
+        throw usage_error("amor-trace does not profile its ops: time the same model and text with score --profile-ops");
     const std::string text = read_file(o.text, "--text");
     const auto size = static_cast<std::int64_t>(text.size());
     const std::int64_t offset = o.offset.value_or(size == 4'298'239 ? 4'083'327 : 0);

@@ -192,15 +192,25 @@ score)
         echo "FAIL: --profile-ops CSV"; head -5 "$work/ops.csv"; failures=$((failures + 1))
     fi
     cp "$work/ops.csv" "$work/ops_before.csv"  # a failed command leaves an earlier profile as it was
-    expect 1 "--offset 5000 is past the end" score -m "$tiny" --text "$work/t1024" --offset 5000 --profile-ops "$work/ops.csv"
+    # (the prompt's length is checked after the model has loaded, inside the profiled part of the command)
+    expect 1 "more than the context limit of 2" generate -m "$tiny" -p "a prompt of many bytes" -c 2 -n 1 --profile-ops "$work/ops.csv"
     same "$work/ops.csv" "$work/ops_before.csv" "--profile-ops: a failed command keeps the earlier file"
-    [ ! -e "$work/ops.csv.partial" ] || { echo "FAIL: --profile-ops left its side file"; failures=$((failures + 1)); }
     expect 1 "--profile-ops times the cpu backend's ops" score -m "$tiny" --text "$work/t100" --backend ref --profile-ops "$work/ops.csv"
-    expect 2 "--profile-ops: cannot write '$work/no/such/dir/ops.csv'" score -m "$tiny" --text "$work/t100" --profile-ops "$work/no/such/dir/ops.csv"
+    expect 2 "--profile-ops: '$work/no/such/dir/ops.csv' cannot be written: no directory" score -m "$tiny" --text "$work/t100" --profile-ops "$work/no/such/dir/ops.csv"
+    # Never over an input (or anything that is not a profile CSV written earlier), a directory, or a device's node.
+    cp "$work/t100" "$work/t100_before"
+    expect 2 "--profile-ops: '$work/t100' exists and is not a profile CSV: refusing to overwrite it" score -m "$tiny" --text "$work/t100" --profile-ops "$work/t100"
+    same "$work/t100" "$work/t100_before" "--profile-ops: the text it would have overwritten is kept"
+    expect 2 "--profile-ops: '$work' is a directory" score -m "$tiny" --text "$work/t100" --profile-ops "$work"
+    expect 0 "per op and shape in /dev/null" score -m "$tiny" --text "$work/t100" --profile-ops /dev/null
+    [ -c /dev/null ] || { echo "FAIL: --profile-ops /dev/null replaced the device"; failures=$((failures + 1)); }
     ;;
 logits)
     "$check" ids "$work/ids.safetensors" 2 5 256
     expect 0 "wrote logits \[2, 5, 256\]" logits -m "$tiny" --input "$work/ids.safetensors" --output "$work/l.safetensors"
+    # --profile-ops naming the command's own output: the output is kept, no profile is written over it.
+    expect1 2 "--profile-ops: '$work/lp.safetensors' was written by the command itself" logits -m "$tiny" --input "$work/ids.safetensors" --output "$work/lp.safetensors" --profile-ops "$work/lp.safetensors"
+    if head -1 "$work/lp.safetensors" | grep -aq '^op,shapes'; then echo "FAIL: --profile-ops overwrote logits' output"; failures=$((failures + 1)); fi
     # The same logits on the fp64 reference backend (--backend ref) agree with the CPU backend's.
     expect 0 "system: backend ref" logits -m "$tiny" --backend ref --input "$work/ids.safetensors" --output "$work/lref.safetensors"
     if "$check" logits "$work/lref.safetensors" "$work/l.safetensors" 1e-5 >"$work/cmp" 2>&1; then echo "ok:   cpu and ref backends agree"; else

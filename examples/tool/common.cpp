@@ -1,6 +1,8 @@
 // Pieces of the `hymix` tool that every command uses: console output, reading files named by options, the
 // model directory, config.json settings and the exit-code table.
+#include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -167,18 +169,61 @@ std::vector<std::int32_t> config_eos(const hymix::io::json& cfg) {
 
 namespace tool {
 
-void write_op_profile(std::ostream& out, const std::string& path, const hymix::op_profile& p, double wall_seconds) {
-    p.write_csv(out);
-    if (!out.flush()) throw hymix::io_error("--profile-ops: cannot write '" + path + "'");
+namespace {
+/// Whether an existing regular file is a profile CSV written earlier: its first line is op_profile's header.
+bool is_profile_csv(const fs::path& p) {
+    std::ifstream f(p);
+    std::string line;
+    return f && std::getline(f, line) && line == "op,shapes,calls,seconds,fraction";
+}
+
+std::string why(int err) { return err ? std::string(": ") + std::strerror(err) : std::string(); }
+
+void check_profile_path(const std::string& path, bool before) {
+    const std::string what = "--profile-ops: '" + path + "' ";
+    std::error_code ec;
+    const auto st = fs::status(path, ec);
+    if (fs::is_directory(st)) throw hymix::io_error(what + "is a directory (give a file name)");
+    if (fs::is_regular_file(st)) {
+        if (!is_profile_csv(path))
+            throw hymix::io_error(what + (before ? "exists and is not a profile CSV: refusing to overwrite it"
+                                                 : "was written by the command itself (not a profile CSV): kept as it is; no profile written"));
+        if (::access(path.c_str(), W_OK) != 0) throw hymix::io_error(what + "cannot be written" + why(errno));
+        return;
+    }
+    if (fs::exists(st)) {  // a device or a pipe: written as it is
+        if (::access(path.c_str(), W_OK) != 0) throw hymix::io_error(what + "cannot be written" + why(errno));
+        return;
+    }
+    const fs::path parent = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
+    if (!fs::is_directory(parent, ec)) throw hymix::io_error(what + "cannot be written: no directory '" + parent.string() + "'");
+    if (::access(parent.c_str(), W_OK) != 0) throw hymix::io_error(what + "cannot be written in '" + parent.string() + "'" + why(errno));
+}
+}  // namespace
+
+void check_profile_target(const std::string& path) { check_profile_path(path, true); }
+
+void write_op_profile(const std::string& path, const hymix::op_profile& p, double wall_seconds) {
+    check_profile_path(path, false);
+    {
+        std::ofstream out(path);
+        if (!out) throw hymix::io_error("--profile-ops: cannot write '" + path + "'" + why(errno));
+        p.write_csv(out);
+        if (!out.flush()) throw hymix::io_error("--profile-ops: cannot write '" + path + "'" + why(errno));
+    }
     const double inside = p.total_seconds();
+    if (p.entries().empty()) {
+        console::note("ops: none ran (nothing to profile); an empty profile in {}", path);
+        return;
+    }
     std::string top;
     int shown = 0;
     for (const auto& e : p.by_op()) {
         if (shown++ == 6) break;
         top += fmt::format("{}{} {:.1f}%", top.empty() ? "" : ", ", e.op, inside > 0 ? 100.0 * e.seconds / inside : 0.0);
     }
-    console::note("ops: {:.3f} s inside ops of {:.3f} s ({}); largest shares: {}; per op and shape in {}", inside, wall_seconds,
-                  "loading not counted", top.empty() ? "none" : top, path);
+    console::note("ops: {:.3f} s inside ops of {:.3f} s (loading not counted); largest shares: {}; per op and shape in {}", inside,
+                  wall_seconds, top, path);
 }
 
 }  // namespace tool

@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 
 #include "hymix/io/json.hpp"
@@ -56,9 +55,17 @@ amor_inputs open_amor_inputs(const common_options& c);
 basic_loaded_model<hymix::auto_model> load_cpu_model(const common_options& o);
 basic_loaded_model<hymix::reference_auto_model> load_reference_model(const common_options& o);
 
-/// Writes an op profile as CSV (op_profile::write_csv) to `out`, the open file `path`, and its largest shares by op to
-/// stderr. Throws io_error when the file cannot be written.
-void write_op_profile(std::ostream& out, const std::string& path, const hymix::op_profile& p, double wall_seconds);
+/// The --profile-ops target, checked before the work (io_error, exit 2): a directory, a missing parent directory, an
+/// unwritable place, or an existing regular file that is not a profile CSV written earlier (its first line is not
+/// op_profile's CSV header: the model's files, a text, a prompt, an input) are refused. Devices and pipes
+/// (/dev/null, /dev/stdout) are written as they are.
+void check_profile_target(const std::string& path);
+
+/// Writes an op profile as CSV (op_profile::write_csv) to `path`, after checking it again (the command may have
+/// created a file there, such as logits' --output, which is then kept and io_error thrown), and its largest shares
+/// by op to stderr. The file is written in place (no rename: a link, its permissions and a device stay what they
+/// are); a command that fails before this leaves it untouched.
+void write_op_profile(const std::string& path, const hymix::op_profile& p, double wall_seconds);
 
 /// Loads the model on the backend --backend names and returns f(model). With --profile-ops (cpu backend only: a
 /// usage_error otherwise), the model's ops are timed while f runs and the profile is written when it returns.
@@ -74,28 +81,14 @@ int with_model(const common_options& o, F&& f) {
         auto m = load_cpu_model(o);
         return f(m);
     }
-    // Written to a side file opened first (an unwritable path fails before the work) and renamed over the path at
-    // the end, so a failed command leaves an earlier profile there as it was.
-    const std::string tmp = o.profile_ops + ".partial";
-    std::ofstream out(tmp);
-    if (!out) throw hymix::io_error("--profile-ops: cannot write '" + o.profile_ops + "'");
-    hymix::op_profile prof;
-    int rc = 0;
-    try {
-        auto m = load_cpu_model(o);
-        m.model.set_op_profile(&prof);
-        const auto t0 = clock_type::now();
-        rc = f(m);
-        m.model.set_op_profile(nullptr);
-        write_op_profile(out, o.profile_ops, prof, seconds_since(t0));
-        out.close();
-        std::filesystem::rename(tmp, o.profile_ops);
-    } catch (...) {
-        out.close();
-        std::error_code ec;
-        std::filesystem::remove(tmp, ec);
-        throw;
-    }
+    check_profile_target(o.profile_ops);
+    hymix::op_profile prof;  // before the model: it must outlive the backend that points at it
+    auto m = load_cpu_model(o);
+    m.model.set_op_profile(&prof);
+    const auto t0 = clock_type::now();
+    const int rc = f(m);
+    m.model.set_op_profile(nullptr);
+    write_op_profile(o.profile_ops, prof, seconds_since(t0));
     return rc;
 }
 

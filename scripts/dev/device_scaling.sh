@@ -23,7 +23,7 @@
 #   PHASE=ab bash scripts/dev/device_scaling.sh       before/after on every core: builds bench_model_sizes from this
 #                                                     tree and from a copy with the files of .ab_old/ laid over it
 #                                                     (the earlier versions of the changed headers), then alternates
-#                                                     the two for ROUNDS rounds (default 2) on prefill and decode;
+#                                                     the two for ROUNDS rounds (default 1) on prefill and decode;
 #                                                     one op profile of the new build; all in $OUT/ab.tar.gz
 # Results (Google Benchmark CSVs, peaks measured in the same run) land in $OUT, with the two binaries where this call
 # built them (models, peers and prefill phases).
@@ -122,14 +122,17 @@ profile)
 ab)
     [ -d .ab_old ] || { echo "device_scaling: PHASE=ab needs .ab_old/ (the earlier versions of the changed files)" >&2; exit 2; }
     t0=$(date +%s)
-    rm -rf /tmp/ab_old && mkdir -p /tmp/ab_old && cp -a . /tmp/ab_old/ && cp -a .ab_old/. /tmp/ab_old/ && rm -rf /tmp/ab_old/build
+    rm -rf /tmp/ab_old
+    mkdir -p /tmp/ab_old
+    tar --exclude=./build --exclude=./.ab_old -cf - . | tar -C /tmp/ab_old -xf -
+    cp -a .ab_old/. /tmp/ab_old/
     configure
     (cd /tmp/ab_old && configure)
     cmake --build build/release -j"$cores" --target bench_model_sizes >/tmp/build_new.log 2>&1 &
     pid_new=$!
     (cd /tmp/ab_old && cmake --build build/release -j"$cores" --target bench_model_sizes >/tmp/build_old.log 2>&1) &
     pid_old=$!
-    wait "$pid_new" || { grep -E 'error' -A5 /tmp/build_new.log | head -40; exit 1; }
+    wait "$pid_new" || { grep -E 'error' -A5 /tmp/build_new.log | head -40; kill "$pid_old" 2>/dev/null; exit 1; }
     wait "$pid_old" || { grep -E 'error' -A5 /tmp/build_old.log | head -40; exit 1; }
     echo "device_scaling: built both in $(( $(date +%s) - t0 )) s"
     mkdir -p "$OUT/ab"
@@ -137,14 +140,17 @@ ab)
     # A third variant, "malloc": the new build with glibc's heap never trimmed or unmapped (MALLOC_TRIM_THRESHOLD_,
     # MALLOC_MMAP_THRESHOLD_ at their largest), which shows what freeing and re-faulting per-call scratch costs on
     # many cores.
-    for r in $(seq 1 "${ROUNDS:-2}"); do
+    # One round of three variants and the profiles take about 4 minutes on 16 cores after the two builds: ROUNDS=1
+    # fits the 10-minute limit of a device call from a cold start.
+    for r in $(seq 1 "${ROUNDS:-1}"); do
         for v in new old malloc; do
             b=build/release/bench/bench_model_sizes
             [ "$v" = old ] && b=/tmp/ab_old/build/release/bench/bench_model_sizes
             env_malloc=()
             [ "$v" = malloc ] && env_malloc=(MALLOC_TRIM_THRESHOLD_=68719476736 MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TOP_PAD_=268435456)
             env "${env_malloc[@]}" HYMIX_BENCH_THREADS=$cores "$b" --benchmark_filter="$filter" --benchmark_min_time=1 \
-                --benchmark_out="$OUT/ab/${v}_$r.csv" --benchmark_out_format=csv >/dev/null 2>&1
+                --benchmark_out="$OUT/ab/${v}_$r.csv" --benchmark_out_format=csv >"$OUT/ab/${v}_$r.log" 2>&1 \
+                || echo "  round $r $v: bench_model_sizes failed (see ${v}_$r.log)"
             grep -E '^"?(prefill|decode)' "$OUT/ab/${v}_$r.csv" | cut -d, -f1,3 | sed "s/^/  round $r $v: /" || true
         done
     done

@@ -2,10 +2,11 @@
 // handover and split invariance (invariant 2), fp32 vs an fp64 loop reference on odd sizes and strided views.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <span>
 #include <numeric>
+#include <span>
 #include <vector>
 
 #include "hymix/backend/cpu.hpp"
@@ -259,47 +260,92 @@ TEST_CASE("conv1d: every view argument's stride rules are checked (shape_error n
     }
 }
 
-TEST_CASE("ops::causal_conv1d on many threads cuts few problems into channel pieces: the bits of one thread") {
+TEST_CASE("ops::causal_conv1d on many threads cuts few problems into channel pieces: the bits of the whole problem") {
     // One problem per sequence (a decode step, or a Mamba-2 prefill), with and without L2 groups over the first channels
-    // (the GDN layer's q and k heads): on 16 threads (more than the cores here) each is cut into pieces of whole groups
-    // (or of 64 channels); outputs and states must be those of one thread, bit for bit.
+    // (the GDN layer's q and k heads; 176 channels: not a multiple of the pieces' width), rows strided as in the GDN
+    // decode's token-major buffer. On 16 threads (more than the cores here) each problem is cut into pieces of whole
+    // groups (or of 64 channels); outputs and states must be those of the kernel run on the whole problem, then the
+    // L2 groups, bit for bit; on 1 thread nothing is cut.
     for (std::int64_t T : {std::int64_t{1}, std::int64_t{37}}) {
         for (std::int64_t n_prob : {std::int64_t{1}, std::int64_t{3}}) {
             for (bool l2 : {false, true}) {
-                const std::int64_t C = 333, K = 4;
+                const std::int64_t C = 333, K = 4, ld = C + 7;  // row stride of x and out
+                const auto x = uniform(static_cast<std::size_t>(n_prob * T * ld), -2.f, 2.f, 11 + static_cast<std::uint64_t>(T));
+                const auto w = uniform(static_cast<std::size_t>(C * K), -1.f, 1.f, 12);
+                const auto b = uniform(static_cast<std::size_t>(C), -1.f, 1.f, 13);
+                const auto st0 = uniform(static_cast<std::size_t>(n_prob * C * (K - 1)), -1.f, 1.f, 14);
+                const std::int64_t group = 16, l2_channels = 176;
+                auto xv = [&](std::int64_t i) { return tensor_view<const float, 2>(x.data() + i * T * ld, {T, C}, {ld, 1}); };
+                // The whole problem through the kernel, then the groups, as the op did before it cut problems.
+                std::vector<float> y_ref(x.size(), -9.f), st_ref = st0;
+                for (std::int64_t i = 0; i < n_prob; ++i) {
+                    tensor_view<float, 2> out(y_ref.data() + i * T * ld, {T, C}, {ld, 1});
+                    kernels::causal_conv1d<float>(xv(i), tensor_view<const float, 2>(w.data(), {C, K}), b.data(), st_ref.data() + i * C * (K - 1),
+                                                  kernels::conv_activation::silu, out);
+                    if (l2)
+                        for (std::int64_t t = 0; t < T; ++t) {
+                            float* row = &out(t, 0);
+                            for (std::int64_t g0 = 0; g0 + group <= l2_channels; g0 += group) {
+                                float ss = 0.f;  // the op's grouped norm is SIMD: compared below within rounding only
+                                for (std::int64_t c = g0; c < g0 + group; ++c) ss += row[c] * row[c];
+                                const float inv = 1.f / std::sqrt(ss + 1e-6f);
+                                for (std::int64_t c = g0; c < g0 + group; ++c) row[c] *= inv;
+                            }
+                        }
+                }
                 auto run = [&](int threads, std::vector<float>& st) {
                     const cpu_backend be(threads);
-                    const auto x = uniform(static_cast<std::size_t>(n_prob * T * C), -2.f, 2.f, 11 + static_cast<std::uint64_t>(T));
-                    const auto w = uniform(static_cast<std::size_t>(C * K), -1.f, 1.f, 12);
-                    const auto b = uniform(static_cast<std::size_t>(C), -1.f, 1.f, 13);
                     std::vector<float> y(x.size(), -9.f);
                     std::vector<ops::conv_problem<>> ps(static_cast<std::size_t>(n_prob));
                     for (std::int64_t i = 0; i < n_prob; ++i) {
                         auto& p = ps[static_cast<std::size_t>(i)];
-                        p.x = tensor_view<const float, 2>(x.data() + i * T * C, {T, C});
+                        p.x = xv(i);
                         p.w = tensor_view<const float, 2>(w.data(), {C, K});
                         p.bias = b.data();
                         p.state = st.data() + i * C * (K - 1);
-                        p.out = tensor_view<float, 2>(y.data() + i * T * C, {T, C});
+                        p.out = tensor_view<float, 2>(y.data() + i * T * ld, {T, C}, {ld, 1});
                         if (l2) {
-                            p.l2_group = 16;
-                            p.l2_channels = 160;
+                            p.l2_group = group;
+                            p.l2_channels = l2_channels;
                             p.l2_eps = 1e-6f;
                         }
                     }
                     ops::causal_conv1d(be, std::span<const ops::conv_problem<>>(ps), kernels::conv_activation::silu);
                     return y;
                 };
-                const auto st0 = uniform(static_cast<std::size_t>(n_prob * C * (K - 1)), -1.f, 1.f, 14);
                 auto st1 = st0, st16 = st0;
                 const auto y1 = run(1, st1), y16 = run(16, st16);
                 CAPTURE(T);
                 CAPTURE(n_prob);
                 CAPTURE(l2);
-                CHECK(std::memcmp(y1.data(), y16.data(), y1.size() * sizeof(float)) == 0);
+                CHECK(std::memcmp(y1.data(), y16.data(), y1.size() * sizeof(float)) == 0);  // cut or not: the same bits
                 CHECK(std::memcmp(st1.data(), st16.data(), st1.size() * sizeof(float)) == 0);
+                CHECK(st1 == st_ref);
+                if (!l2) {
+                    CHECK(std::memcmp(y1.data(), y_ref.data(), y1.size() * sizeof(float)) == 0);
+                } else {
+                    double worst = 0;
+                    for (std::size_t i = 0; i < y1.size(); ++i) worst = std::max(worst, double(std::abs(y1[i] - y_ref[i])));
+                    CHECK(worst < 1e-5);
+                }
                 CHECK(st1 != st0);
             }
         }
     }
+}
+
+TEST_CASE("ops::causal_conv1d checks a problem whole before cutting it (shape_error, nothing written)") {
+    const cpu_backend be(16);
+    const std::int64_t C = 300, K = 4;
+    const auto x = uniform(static_cast<std::size_t>(C), -1.f, 1.f, 21);
+    const auto w = uniform(static_cast<std::size_t>((C - 10) * K), -1.f, 1.f, 22);  // 10 rows short
+    std::vector<float> st(static_cast<std::size_t>(C * (K - 1)), 0.5f), y(static_cast<std::size_t>(C), -9.f);
+    ops::conv_problem<> p;
+    p.x = tensor_view<const float, 2>(x.data(), {1, C});
+    p.w = tensor_view<const float, 2>(w.data(), {C - 10, K});
+    p.state = st.data();
+    p.out = tensor_view<float, 2>(y.data(), {1, C});
+    CHECK_THROWS_AS(ops::causal_conv1d(be, std::span<const ops::conv_problem<>>(&p, 1), kernels::conv_activation::silu), shape_error);
+    CHECK(y == std::vector<float>(static_cast<std::size_t>(C), -9.f));
+    CHECK(st == std::vector<float>(static_cast<std::size_t>(C * (K - 1)), 0.5f));
 }

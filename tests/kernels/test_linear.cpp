@@ -211,7 +211,7 @@ struct invariance_case {
 
 // The property that makes a sequence's logits independent of the rest of its batch (issue 11, item 4): every
 // pool row is run alone on one thread, then inside batches of M = 1 … 300 rows at rotating offsets (so it lands
-// at every position of a register tile and of an L2 row block) on 1 and 2 threads; its outputs must be the same
+// at every position of a register tile and of an L2 row block) on 1, 2 and 16 threads; its outputs must be the same
 // bits. Shapes: K a multiple of the SIMD width and not, N not a multiple of the tile width, a row stride > K, and
 // a K large enough for several row blocks.
 TEST_CASE("linear is batch-invariant: a row's outputs are bit-identical at any position in any batch size") {

@@ -115,7 +115,8 @@ public:
             os << e.op << ",\"" << e.shapes << "\"," << e.calls << ',' << e.seconds << ',' << (tot > 0 ? e.seconds / tot : 0.0) << '\n';
     }
 
-    /// Whether an op of this profile is running now (any thread); used by dispatch to time outermost ops only.
+    /// Marks an op as running; true when none was (this one is outermost and is timed). Each enter() is matched by a
+    /// leave(). Used by dispatch to time outermost ops only.
     bool enter() noexcept { return depth_.fetch_add(1, std::memory_order_acq_rel) == 0; }
     void leave() noexcept { depth_.fetch_sub(1, std::memory_order_acq_rel); }
 

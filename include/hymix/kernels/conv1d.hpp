@@ -92,15 +92,12 @@ void causal_conv1d_step(tensor_view<const T, 2> x, tensor_view<const T, 2> w, co
 
 }  // namespace detail
 
-/// x [T, C] (any row stride, unit channel stride), w [C, K] (any strides), bias [C] or null, state [C, K−1] (any
-/// strides; in/out; data == nullptr means zeros, not written back), out [T, C] (any row stride, unit channel stride).
-/// x is copied before out is written, so out may be x itself. Works for float and double (the reference).
-/// Checked in every build (shape_error / value_error naming the argument): shapes, the unit channel stride of x and
-/// out, out's rows not overlapping each other, w, bias or the state, K >= 1, a known activation. Not checked: the
-/// values (a NaN input propagates to the outputs it reaches).
+namespace detail {
+/// causal_conv1d's argument checks (shape_error / value_error naming the argument), also run by the CPU op on a whole
+/// problem before it cuts it into channel pieces.
 template <class T>
-void causal_conv1d(tensor_view<const T, 2> x, tensor_view<const T, 2> w, const T* bias, tensor_view<T, 2> state,
-                   conv_activation act, tensor_view<T, 2> out) {
+void check_conv1d_args(tensor_view<const T, 2> x, tensor_view<const T, 2> w, const T* bias, tensor_view<T, 2> state,
+                       conv_activation act, tensor_view<T, 2> out) {
     constexpr std::string_view who = "causal_conv1d";
     const std::int64_t Tn = x.dim(0), C = x.dim(1), K = w.dim(1);
     w.require_shape({C, -1}, who, "weight");
@@ -118,6 +115,20 @@ void causal_conv1d(tensor_view<const T, 2> x, tensor_view<const T, 2> w, const T
         hymix::detail::require_no_self_overlap(state, who, "state");
         hymix::detail::require_no_overlap(out, "output", state, "state", who);
     }
+}
+}  // namespace detail
+
+/// x [T, C] (any row stride, unit channel stride), w [C, K] (any strides), bias [C] or null, state [C, K−1] (any
+/// strides; in/out; data == nullptr means zeros, not written back), out [T, C] (any row stride, unit channel stride).
+/// x is copied before out is written, so out may be x itself. Works for float and double (the reference).
+/// Checked in every build (shape_error / value_error naming the argument): shapes, the unit channel stride of x and
+/// out, out's rows not overlapping each other, w, bias or the state, K >= 1, a known activation. Not checked: the
+/// values (a NaN input propagates to the outputs it reaches).
+template <class T>
+void causal_conv1d(tensor_view<const T, 2> x, tensor_view<const T, 2> w, const T* bias, tensor_view<T, 2> state,
+                   conv_activation act, tensor_view<T, 2> out) {
+    detail::check_conv1d_args<T>(x, w, bias, state, act, out);
+    const std::int64_t Tn = x.dim(0), C = x.dim(1), K = w.dim(1);
     const std::int64_t S = K - 1;
     if (Tn == 1 && state.data) {  // the decode step: no transposes, state shifted in place
         detail::causal_conv1d_step(x, w, bias, state, act, out);

@@ -356,7 +356,7 @@ void check_linear_args(tensor_view<const float, 2> x, tensor_view<const TW, 2> w
 /// thread (decode: enough to balance; prefill: big enough to reuse each block of x), each of at least min_task_macs
 /// multiply-adds (M · K per column): a small projection runs inline rather than paying a fork and join for a few
 /// microseconds of work. A prefill projection with fewer groups than two per thread (a GDN layer's 16 gate columns,
-/// or 1024 columns over 16 threads) also splits its rows, in parts of at least 32, so that every thread has work.
+/// or an attention layer's 512 K/V columns over 16 threads) also splits its rows, in parts of at least 32, so that every thread has work.
 /// Neither split changes any output's bits (each output's sum is the same whichever task computes it: see the
 /// summation order above).
 template <class Arch, class Backend, class F>
@@ -364,7 +364,7 @@ void for_column_groups(const Backend& be, std::int64_t M, std::int64_t K, std::i
     constexpr std::int64_t G = linear_tiles<Arch>::group, min_part_rows = 32;
     const std::int64_t groups = (N + G - 1) / G, threads = be.num_threads();
     const std::int64_t row_parts =
-        groups >= 2 * threads ? 1 : std::max<std::int64_t>(1, std::min((2 * threads + groups - 1) / groups, M / min_part_rows));
+        groups >= 2 * threads || threads == 1 ? 1 : std::max<std::int64_t>(1, std::min((2 * threads + groups - 1) / groups, M / min_part_rows));
     if (row_parts > 1) {
         // Tasks of one (row part, column group) each, as long as that holds min_task_macs.
         const std::int64_t items = row_parts * groups, rows = M / row_parts;

@@ -99,7 +99,7 @@ inline void require_swiglu_args(const swiglu_weights& w, tensor_view<const float
 }  // namespace detail
 
 /// SwiGLU forward. x [M, d], w.gate_up [2F, d] (prepared), w.down_proj [d, F]; scratch gu [M, 2F]; y [M, d].
-/// y must not alias x. fp32, parallel inside the projections. Throws shape_error naming "swiglu" and the argument.
+/// y must not alias x. fp32, parallel inside the projections and over rows between them. Throws shape_error naming "swiglu" and the argument.
 template <cpu_backend_type Backend>
 void swiglu(const Backend& be, const swiglu_weights& w, tensor_view<const float, 2> x, tensor_view<float, 2> gu,
             tensor_view<float, 2> y) {
@@ -107,8 +107,8 @@ void swiglu(const Backend& be, const swiglu_weights& w, tensor_view<const float,
     const std::int64_t M = x.dim(0), F = w.down_proj.dim(1);
     linear(be, x, w.gate_up, nullptr, gu);
     // Compact silu(g) ⊙ u into the first F columns of each row, then project down from that strided view. Rows in
-    // parallel (each a few µs of exp per thousand columns): run serially, this step took 5–9 ms of a 14.5 ms call of
-    // Qwen3.5 0.8B's MLP (M 512, F 3584) on 16 cores while the projections around it scaled (HYMIX_OP_PROFILE).
+    // parallel: run serially (1.8M exponentials for Qwen3.5 0.8B's MLP, M 512, F 3584), this step kept the MLP from
+    // scaling on 16 cores (docs/scaling_16core.md, op profiles).
     be.parallel_for(M, task_grain(4 * F), [&](std::int64_t m0, std::int64_t m1) {
         for (std::int64_t m = m0; m < m1; ++m) {
             float* r = &gu(m, 0);

@@ -2,7 +2,8 @@
 // sequence × one block of channels with its own conv state, optional SiLU and an optional L2 normalisation of
 // each group of channels afterwards (GDN's q/k heads, fused while the rows are in cache). Mixers build the problem
 // list (which rows, which channels, which state slot, where the output goes: token- or head-major); the backend
-// runs it. CPU: kernels::causal_conv1d, parallel over problems. Reference: the same recurrence in fp64.
+// runs it. CPU: kernels::causal_conv1d, parallel over problems (few problems cut into channel pieces). Reference: the
+// same recurrence in fp64.
 #pragma once
 
 #include <cmath>
@@ -85,12 +86,16 @@ struct op_impl<ops::causal_conv1d_op, basic_cpu_backend<Arch>> {
             std::int64_t c0, c1;
         };
         std::vector<piece> items;
-        const std::int64_t want = (2 * be.num_threads() + static_cast<std::int64_t>(ps.size()) - 1) / std::max<std::int64_t>(1, static_cast<std::int64_t>(ps.size()));
+        const std::int64_t threads = be.num_threads(), n_prob = static_cast<std::int64_t>(ps.size());
+        const std::int64_t want = threads == 1 ? 1 : (2 * threads + n_prob - 1) / std::max<std::int64_t>(1, n_prob);
         std::int64_t macs = 0, bytes = 0;
         for (std::size_t i = 0; i < ps.size(); ++i) {
             const auto& p = ps[i];
             const std::int64_t C = p.x.dim(1), align = p.l2_group > 0 ? p.l2_group : 64;
-            const std::int64_t n = std::max<std::int64_t>(1, std::min(want, C / align));
+            // The whole problem's checks first (the pieces are built from its shapes); an empty one is not cut.
+            kernels::detail::check_conv1d_args<float>(
+                p.x, p.w, p.bias, p.state ? tensor_view<float, 2>(p.state, {C, std::max<std::int64_t>(p.w.dim(1) - 1, 0)}) : tensor_view<float, 2>{}, act, p.out);
+            const std::int64_t n = p.x.dim(0) == 0 ? 1 : std::max<std::int64_t>(1, std::min(want, C / align));
             const std::int64_t width = n == 1 ? std::max<std::int64_t>(C, 1) : ((C + n - 1) / n + align - 1) / align * align;
             for (std::int64_t c0 = 0; c0 < std::max<std::int64_t>(C, 1); c0 += width) {
                 const std::int64_t wd = std::min(C, c0 + width) - c0, T = p.x.dim(0), K = p.w.dim(1);

@@ -33,24 +33,22 @@ set -eo pipefail
 source "$(dirname "$0")/offline_deps.sh"
 bin=.benchbin
 configure() { cmake --preset release -DHYMIX_BUILD_TESTS=OFF >/tmp/cfg.log 2>&1 || { tail -20 /tmp/cfg.log; exit 1; }; }
+build_benches() {  # build_benches TARGET...: configures and builds them, then runs them from build/release/bench
+    t0=$(date +%s)
+    configure
+    cmake --build build/release -j"$(nproc)" --target "$@" >/tmp/build.log 2>&1 \
+        || { grep -E 'error' -A5 /tmp/build.log | head -40; exit 1; }
+    echo "device_scaling: built in $(( $(date +%s) - t0 )) s"
+    bin=build/release/bench
+}
 if [ "${PHASE:-models}" = layers ]; then  # builds its own three benchmarks below
     configure
 elif [ "${PHASE:-models}" = profile ] && ! "$bin/bench_model_sizes" --benchmark_list_tests >/dev/null 2>&1; then
-    t0=$(date +%s)
-    configure
-    cmake --build build/release -j"$(nproc)" --target bench_model_sizes bench_attention >/tmp/build.log 2>&1 \
-        || { grep -E 'error' -A5 /tmp/build.log | head -40; exit 1; }
-    echo "device_scaling: built in $(( $(date +%s) - t0 )) s"
-    bin=build/release/bench
+    build_benches bench_model_sizes bench_attention
 elif [ "${PHASE:-models}" = profile ] || [ "${PHASE:-models}" = ab ]; then
     :
 elif ! "$bin/bench_oryx" --benchmark_list_tests >/dev/null 2>&1 || ! "$bin/bench_model_sizes" --benchmark_list_tests >/dev/null 2>&1; then
-    t0=$(date +%s)
-    configure
-    cmake --build build/release -j"$(nproc)" --target bench_model_sizes bench_oryx >/tmp/build.log 2>&1 \
-        || { grep -E 'error' -A5 /tmp/build.log | head -40; exit 1; }
-    echo "device_scaling: built in $(( $(date +%s) - t0 )) s"
-    bin=build/release/bench
+    build_benches bench_model_sizes bench_oryx
     cp "$bin/bench_model_sizes" "$bin/bench_oryx" "$OUT/"
 fi
 lscpu | grep -E 'Model name|^CPU\(s\)|Thread|L3' || true

@@ -380,12 +380,6 @@ void for_column_groups(const Backend& be, std::int64_t M, std::int64_t K, std::i
     be.parallel_for(groups, grain, [&](std::int64_t g0, std::int64_t g1) { f(std::int64_t{0}, M, g0 * G, std::min(N, g1 * G)); });
 }
 
-/// Rows [m0, m1) of a matrix view, as a view of its own.
-template <class T>
-tensor_view<T, 2> row_range(tensor_view<T, 2> a, std::int64_t m0, std::int64_t m1) {
-    return tensor_view<T, 2>(a.data + m0 * a.strides[0], {m1 - m0, a.dim(1)}, a.strides);
-}
-
 }  // namespace detail
 
 /// y[M, N] = x[M, K] · w[N, K]ᵀ (+ bias[N]). x, bias and y fp32; w fp32, bf16 or f16 (widened exactly as loaded,
@@ -403,7 +397,7 @@ void linear_typed(const Backend& be, tensor_view<const float, 2> x, tensor_view<
     detail::check_linear_args(x, w, bias, y);
     if (x.dim(0) == 0 || w.dim(0) == 0) return;
     detail::for_column_groups<Arch>(be, x.dim(0), x.dim(1), w.dim(0), [&](std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1) {
-        detail::linear_columns<Arch, TW>(detail::row_range(x, m0, m1), w, bias, detail::row_range(y, m0, m1), n0, n1);
+        detail::linear_columns<Arch, TW>(x.slice(m0, m1 - m0), w, bias, y.slice(m0, m1 - m0), n0, n1);
     });
 }
 
@@ -419,7 +413,7 @@ void linear_q8(const Backend& be, tensor_view<const float, 2> x, q8_view w, cons
     if (N > 0) hymix::detail::require_no_overlap(y, "output", tensor_view<const float, 1>(w.scale, {N}), "weight scales", "linear");
     if (M == 0 || N == 0) return;
     detail::for_column_groups<Arch>(be, M, x.dim(1), N, [&](std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1) {
-        detail::linear_columns<Arch, std::int8_t>(detail::row_range(x, m0, m1), w.q, nullptr, detail::row_range(y, m0, m1), n0, n1);
+        detail::linear_columns<Arch, std::int8_t>(x.slice(m0, m1 - m0), w.q, nullptr, y.slice(m0, m1 - m0), n0, n1);
         for (std::int64_t m = m0; m < m1; ++m) {
             float* yr = &y(m, 0);
             if (bias)

@@ -110,13 +110,9 @@ struct op_impl<ops::causal_conv1d_op, basic_cpu_backend<Arch>> {
             for (std::int64_t i = b; i < e; ++i) {
                 const auto [pi, c0, c1] = items[static_cast<std::size_t>(i)];
                 const auto& p = ps[pi];
-                if (c0 == 0 && c1 == p.x.dim(1)) {
-                    run_piece(p, p.x, p.w, p.bias, p.state, p.out, p.l2_limit(), act);
-                    continue;
-                }
                 const std::int64_t T = p.x.dim(0), K = p.w.dim(1), wd = c1 - c0;
                 run_piece(p, tensor_view<const float, 2>(p.x.data + c0 * p.x.strides[1], {T, wd}, p.x.strides),
-                          tensor_view<const float, 2>(p.w.data + c0 * p.w.strides[0], {wd, K}, p.w.strides), p.bias ? p.bias + c0 : nullptr,
+                          p.w.slice(c0, wd), p.bias ? p.bias + c0 : nullptr,
                           p.state ? p.state + c0 * (K - 1) : nullptr,
                           tensor_view<float, 2>(p.out.data + c0 * p.out.strides[1], {T, wd}, p.out.strides),
                           std::clamp<std::int64_t>(p.l2_limit() - c0, 0, wd), act);

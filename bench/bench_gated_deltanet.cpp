@@ -106,12 +106,13 @@ void BM_gdn_decode(benchmark::State& st) {
 /// The gated delta rule core alone (130M-class heads: 6 key heads, 12 value heads, d_k = d_v = 128, or `heads` of
 /// each; chunk length `chunk`), one sequence of T tokens, on 2 threads (or the first count in HYMIX_BENCH_THREADS);
 /// FLOPs counted as in BM_gdn_prefill's core term.
-void BM_gdn_chunked_core(benchmark::State& st) {
+void gdn_chunked_core(benchmark::State& st, std::int64_t T, std::int64_t chunk, std::int64_t heads, bool model_decay, bool flush) {
     auto c = layer_config(1);
-    c.chunk_size = st.range(1);
-    if (st.range(2) > 0) c.n_k_heads = c.n_v_heads = st.range(2);  // llama.cpp's case: 16 heads of 128
-    const std::int64_t T = st.range(0), Hk = c.n_k_heads, Hv = c.n_v_heads, dk = c.d_k, dv = c.d_v;
+    c.chunk_size = chunk;
+    if (heads > 0) c.n_k_heads = c.n_v_heads = heads;  // llama.cpp's case: 16 heads of 128
+    const std::int64_t Hk = c.n_k_heads, Hv = c.n_v_heads, dk = c.d_k, dv = c.d_v;
     hymix::cpu_backend be(hymix::bench::first_thread_count(2));
+    be.set_flush_subnormals(flush);
     auto q = hymix::bench::random_vec(static_cast<std::size_t>(T * Hk * dk), 6), k = hymix::bench::random_vec(q.size(), 7);
     for (auto* x : {&q, &k})  // L2-normalised rows, as the layer feeds them
         for (std::size_t r = 0; r < x->size(); r += static_cast<std::size_t>(dk)) {
@@ -123,6 +124,14 @@ void BM_gdn_chunked_core(benchmark::State& st) {
     auto g = hymix::bench::random_vec(static_cast<std::size_t>(T * Hv), 9), beta = g;
     for (auto& x : g) x = -0.05f * (1.5f + x);
     for (auto& x : beta) x = 0.5f + 0.5f * x;
+    if (model_decay) {  // random-init decays (spec.md §4.5): g = −A_h·softplus(a + 1), A_h ~ U(0.01, 16), a ~ N(0, 0.64)
+        std::mt19937 rng(13);
+        std::uniform_real_distribution<float> ua(0.01f, 16.f);
+        std::normal_distribution<float> na(0.f, 0.64f);
+        std::vector<float> A(static_cast<std::size_t>(Hv));
+        for (auto& a : A) a = ua(rng);
+        for (std::size_t i = 0; i < g.size(); ++i) g[i] = -A[i % A.size()] * std::log1p(std::exp(1.f + na(rng)));
+    }
     std::vector<float> s(static_cast<std::size_t>(Hv * dk * dv)), o(v.size());
     const auto batch = hymix::seq_batch::dense(1, T);
     for (auto _ : st) {
@@ -139,6 +148,14 @@ void BM_gdn_chunked_core(benchmark::State& st) {
     hymix::bench::report(st, static_cast<double>(T), f, 4.0 * static_cast<double>(q.size() + k.size() + 2 * v.size()), be.num_threads());
     st.counters["threads"] = be.num_threads();  // not in the name: 2 unless HYMIX_BENCH_THREADS says otherwise
 }
+
+void BM_gdn_chunked_core(benchmark::State& st) { gdn_chunked_core(st, st.range(0), st.range(1), st.range(2), false, true); }
+
+/// The cost of subnormal numbers: BM_gdn_chunked_core's 16 heads × 128, T 512, chunk 64, with the decays of a
+/// randomly initialised layer (decay 1: many heads lose e^-5 to e^-20 per token, so the chunk's forward substitution
+/// and decay products fall below 2^-126) or the mild ones (decay 0), on a backend that flushes subnormals (flush 1,
+/// the default) or keeps IEEE subnormals (flush 0).
+void BM_gdn_chunked_subnormals(benchmark::State& st) { gdn_chunked_core(st, 512, 64, 16, st.range(0) != 0, st.range(1) != 0); }
 
 /// The gated delta rule decode step alone (same heads, or `heads` of them), B sequences of one token, on `threads`
 /// threads: 6 d_k·d_v FLOPs per value head.
@@ -176,6 +193,7 @@ BENCHMARK(BM_gdn_prefill)
     ->UseRealTime();
 BENCHMARK(BM_gdn_decode)->ArgNames({"layer", "B"})->ArgsProduct({{0, 1}, {1, 8}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_gdn_chunked_core)->ArgNames({"T", "chunk", "heads"})->ArgsProduct({{512, 2048}, {32, 64, 128}, {0}})->Args({512, 64, 16})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_gdn_chunked_subnormals)->ArgNames({"decay", "flush"})->ArgsProduct({{0, 1}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_gdn_step_core)
     ->ArgNames({"B", "heads", "threads"})
     ->ArgsProduct({{1}, {0, 2, 16}, {1, 2}})

@@ -4,7 +4,9 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <random>
 #include <span>
 #include <vector>
 
@@ -94,15 +96,28 @@ void BM_mamba2_decode(benchmark::State& st) {
 
 /// The SSD core alone (130M-class head layout: H 24, P 64, N 128; one sequence of T tokens) at chunk length Q,
 /// FLOPs as in flops_per_token.
-void BM_ssd_chunked_core(benchmark::State& st) {
+void ssd_chunked_core(benchmark::State& st, std::int64_t T, std::int64_t chunk, int threads, bool model_decay, bool flush) {
     auto cfg = layer_config(768);
-    cfg.chunk_size = st.range(1);
-    const std::int64_t T = st.range(0), H = cfg.n_heads, P = cfg.head_dim, N = cfg.d_state, G = cfg.n_groups;
-    const hymix::cpu_backend be(2);
+    cfg.chunk_size = chunk;
+    const std::int64_t H = cfg.n_heads, P = cfg.head_dim, N = cfg.d_state, G = cfg.n_groups;
+    hymix::cpu_backend be(threads);
+    be.set_flush_subnormals(flush);
     std::vector<float> x(std::size_t(T * H * P)), bc(std::size_t(2 * T * G * N)), dt(std::size_t(T * H), 0.02f), A(std::size_t(H), -1.f),
         D(std::size_t(H), 1.f), y(x.size()), s(std::size_t(H * P * N));
     for (std::size_t i = 0; i < x.size(); ++i) x[i] = float((i * 2654435761u) % 2001) * 1e-3f - 1.0f;
     for (std::size_t i = 0; i < bc.size(); ++i) bc[i] = float((i * 40503u) % 2001) * 1e-3f - 1.0f;
+    if (model_decay) {  // random-init decays (spec.md §3): A = −U(1, 16), Δ = softplus(a + dt_bias), dt_bias the inverse
+                        // softplus of dt ~ log-U(0.001, 0.1) per head, a ~ N(0, 0.64)
+        std::mt19937 rng(17);
+        std::uniform_real_distribution<float> ua(1.f, 16.f), ul(std::log(0.001f), std::log(0.1f));
+        std::normal_distribution<float> na(0.f, 0.64f);
+        std::vector<float> bias(static_cast<std::size_t>(H));
+        for (std::size_t h = 0; h < bias.size(); ++h) {
+            A[h] = -ua(rng);
+            bias[h] = std::log(std::expm1(std::exp(ul(rng))));
+        }
+        for (std::size_t i = 0; i < dt.size(); ++i) dt[i] = std::log1p(std::exp(bias[i % bias.size()] + na(rng)));
+    }
     hymix::kernels::ssd_inputs<float> in;
     in.x = hymix::tensor_view<const float, 3>(x.data(), {T, H, P});
     in.dt = hymix::tensor_view<const float, 2>(dt.data(), {T, H});
@@ -119,6 +134,17 @@ void BM_ssd_chunked_core(benchmark::State& st) {
     const double Q = double(std::min(cfg.chunk_size, T));
     const double f = double(T) * (2 * Q * double(N * G) + Q * double(P * H) + 4 * double(N * P * H));
     hymix::bench::report(st, double(T), f, 4.0 * double(x.size() + bc.size() + y.size()), be.num_threads());
+}
+
+void BM_ssd_chunked_core(benchmark::State& st) { ssd_chunked_core(st, st.range(0), st.range(1), 2, false, true); }
+
+/// The cost of subnormal numbers: BM_ssd_chunked_core's heads, T 512, chunk 256 (a real Mamba-2 checkpoint's), on 2
+/// threads (or the first count in HYMIX_BENCH_THREADS), with the decays of a randomly initialised layer (decay 1:
+/// segment sums far below −87 inside a chunk, so exp(segsum) and its products fall below 2^-126) or the mild ones
+/// (decay 0), on a backend that flushes subnormals (flush 1, the default) or keeps IEEE subnormals (flush 0).
+void BM_ssd_chunked_subnormals(benchmark::State& st) {
+    ssd_chunked_core(st, 512, 256, hymix::bench::first_thread_count(2), st.range(0) != 0, st.range(1) != 0);
+    st.counters["threads"] = hymix::bench::first_thread_count(2);
 }
 
 /// The SSD decode step alone (130M-class head layout with H heads: 24 as the 130M model, 4 for a small layer whose
@@ -171,5 +197,6 @@ BENCHMARK(BM_mamba2_prefill)
     ->UseRealTime();
 BENCHMARK(BM_mamba2_decode)->ArgNames({"d", "B"})->ArgsProduct({{256, 768}, {1, 8}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_ssd_chunked_core)->ArgNames({"T", "chunk"})->ArgsProduct({{512, 2048}, {32, 64, 128, 256}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ssd_chunked_subnormals)->ArgNames({"decay", "flush"})->ArgsProduct({{0, 1}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_ssd_step_core)->ArgNames({"B", "H", "threads"})->ArgsProduct({{1, 8}, {4, 24}, {1, 2}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_linear_in_proj_calibration)->ArgName("M")->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -17,6 +17,8 @@
 // HYMIX_OP_PROFILE=DIR: after timing, each benchmark runs a few more calls with an op profile set on its backend
 // (backend/op_profile.hpp) and writes DIR/<benchmark name>.csv: time per call of each op and argument shapes, its
 // fraction of the calls' wall time, and the time outside ops; the op totals are also printed to stderr.
+// HYMIX_FLUSH_SUBNORMALS=0: the backend keeps IEEE subnormal numbers instead of flushing them to zero (the default;
+// backend/float_env.hpp), to measure what they cost.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -142,6 +144,14 @@ std::vector<std::int32_t> random_tokens(std::size_t n, std::int64_t V, std::uint
 
 int threads() { return hymix::bench::first_thread_count(0); }
 
+/// The backend every benchmark runs on: threads(), subnormals flushed (the default) unless HYMIX_FLUSH_SUBNORMALS=0.
+std::unique_ptr<hymix::cpu_backend> make_backend() {
+    auto be = std::make_unique<hymix::cpu_backend>(threads());
+    const char* env = std::getenv("HYMIX_FLUSH_SUBNORMALS");
+    be->set_flush_subnormals(!(env && std::string(env) == "0"));
+    return be;
+}
+
 /// With HYMIX_OP_PROFILE set: runs `call` `reps` times with an op profile on `be` and writes the profile of one call
 /// (seconds divided by reps) to $HYMIX_OP_PROFILE/<name with '/' as '_'>.csv. A no-op otherwise.
 template <class F>
@@ -182,7 +192,8 @@ constexpr std::int64_t T = 512;
 
 void prefill(benchmark::State& st, std::string name, fs::path config, hymix::dtype d) {
     with_model(config, d, [&](auto& m) {
-        hymix::cpu_backend be(threads());
+        const auto be_owner = make_backend();
+        hymix::cpu_backend& be = *be_owner;
         const auto V = m.config().vocab_size;
         const auto mc = counts(m);
         auto c = m.make_cache(1);
@@ -207,7 +218,8 @@ void prefill(benchmark::State& st, std::string name, fs::path config, hymix::dty
 
 void decode(benchmark::State& st, std::string name, fs::path config, hymix::dtype d, std::int64_t batch) {
     with_model(config, d, [&](auto& m) {
-        hymix::cpu_backend be(threads());
+        const auto be_owner = make_backend();
+        hymix::cpu_backend& be = *be_owner;
         const auto V = m.config().vocab_size;
         const auto mc = counts(m);
         auto c = m.make_cache(batch);

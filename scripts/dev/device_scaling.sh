@@ -25,6 +25,11 @@
 #                                                     (the earlier versions of the changed headers), then alternates
 #                                                     the two for ROUNDS rounds (default 1) on prefill and decode;
 #                                                     one op profile of the new build; all in $OUT/ab.tar.gz
+#   PHASE=subnormal bash scripts/dev/device_scaling.sh  what subnormal numbers cost: the chunked SSD and gated
+#                                                     delta rule alone with random-init or mild decays, subnormals
+#                                                     flushed or kept (bench_*_subnormals), on every core and on 2;
+#                                                     then whole-model prefill 512 (f32) with HYMIX_FLUSH_SUBNORMALS
+#                                                     1 and 0 alternated twice, and an op profile of each
 # Results (Google Benchmark CSVs, peaks measured in the same run) land in $OUT, with the two binaries where this call
 # built them (models, peers and prefill phases).
 set -eo pipefail
@@ -45,6 +50,8 @@ if [ "${PHASE:-models}" = layers ]; then  # builds its own three benchmarks belo
     configure
 elif [ "${PHASE:-models}" = profile ] && ! "$bin/bench_model_sizes" --benchmark_list_tests >/dev/null 2>&1; then
     build_benches bench_model_sizes bench_attention
+elif [ "${PHASE:-models}" = subnormal ]; then
+    build_benches bench_model_sizes bench_gated_deltanet bench_mamba2
 elif [ "${PHASE:-models}" = profile ] || [ "${PHASE:-models}" = ab ]; then
     :
 elif ! "$bin/bench_oryx" --benchmark_list_tests >/dev/null 2>&1 || ! "$bin/bench_model_sizes" --benchmark_list_tests >/dev/null 2>&1; then
@@ -160,5 +167,28 @@ ab)
     cut -c1-400 "$OUT/ab/profile_new.log" "$OUT/ab/profile_malloc.log" || true
     tar -C "$OUT" -czf "$OUT/ab.tar.gz" ab && rm -rf "$OUT/ab"
     ;;
-*) echo "device_scaling: PHASE is models, peers, prefill, layers, profile or ab" >&2; exit 2 ;;
+subnormal)
+    for c in "$cores" 2; do
+        for b in gated_deltanet:BM_gdn_chunked_subnormals mamba2:BM_ssd_chunked_subnormals; do
+            HYMIX_BENCH_THREADS=$c taskset -c "0-$(( c - 1 ))" "$bin/bench_${b%%:*}" --benchmark_filter="${b#*:}" \
+                --benchmark_repetitions=3 --benchmark_report_aggregates_only=true --benchmark_out="$OUT/${b#*:}_$c.csv" \
+                --benchmark_out_format=csv 2>&1 | grep -E 'median' | sed "s/^/  $c cores: /" || true
+        done
+    done
+    for r in 1 2; do
+        for f in 1 0; do
+            HYMIX_FLUSH_SUBNORMALS=$f HYMIX_BENCH_THREADS=$cores "$bin/bench_model_sizes" --benchmark_filter='prefill/.*/f32/' \
+                --benchmark_min_time=1 --benchmark_out="$OUT/prefill_flush${f}_$r.csv" --benchmark_out_format=csv >/dev/null 2>&1 \
+                || echo "  round $r flush $f: bench_model_sizes failed"
+            grep -E '^"?prefill' "$OUT/prefill_flush${f}_$r.csv" | cut -d, -f1,3 | sed "s/^/  round $r flush $f: /" || true
+        done
+    done
+    for f in 1 0; do
+        HYMIX_FLUSH_SUBNORMALS=$f HYMIX_OP_PROFILE="$OUT/profile_flush$f" HYMIX_BENCH_THREADS=$cores "$bin/bench_model_sizes" \
+            --benchmark_filter='prefill/.*/f32/' --benchmark_min_time=0.2 >/dev/null 2>"$OUT/profile_flush$f.log" || true
+        cut -c1-300 "$OUT/profile_flush$f.log"
+    done
+    tar -C "$OUT" -czf "$OUT/subnormal.tar.gz" profile_flush1 profile_flush0 && rm -rf "$OUT/profile_flush1" "$OUT/profile_flush0"
+    ;;
+*) echo "device_scaling: PHASE is models, peers, prefill, layers, profile, ab or subnormal" >&2; exit 2 ;;
 esac

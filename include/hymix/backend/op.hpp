@@ -5,7 +5,9 @@
 // activations themselves, so a new backend is new specialisations, not edits, and a backend that lacks an op fails
 // to compile with a message naming both (the primary template only static_asserts; tested in tests/failtest).
 // A backend that offers an op profile (`op_profiler()` returning a non-null op_profile*) has its void ops timed
-// here (backend/op_profile.hpp); without one, dispatch is the direct call.
+// here (backend/op_profile.hpp); without one, dispatch is the direct call. A backend with a subnormal-flush setting
+// (`flush_subnormals()`, the CPU backend) has each op run under it on the calling thread (backend/float_env.hpp), so
+// an op's serial parts flush as its parallel tasks do.
 #pragma once
 
 #include <concepts>
@@ -13,6 +15,7 @@
 #include <utility>
 
 #include "hymix/backend/concepts.hpp"
+#include "hymix/backend/float_env.hpp"
 #include "hymix/backend/op_profile.hpp"
 
 namespace hymix {
@@ -59,6 +62,28 @@ concept profiling_backend = requires(const Backend& be) {
     { be.op_profiler() } -> std::same_as<op_profile*>;
 };
 
+/// A backend whose work can run with subnormals flushed to zero: `flush_subnormals()` says whether it does.
+template <class Backend>
+concept subnormal_flushing_backend = requires(const Backend& be) {
+    { be.flush_subnormals() } -> std::same_as<bool>;
+};
+
+namespace detail {
+/// op_impl<Op, Backend>::run, timed into the backend's op profile when it has one set and the op returns nothing.
+template <class Op, class Backend, class... Args>
+decltype(auto) dispatch_profiled(const Backend& be, Args&&... args) {
+    if constexpr (profiling_backend<Backend> &&
+                  std::is_void_v<decltype(op_impl<Op, Backend>::run(be, std::forward<Args>(args)...))>) {
+        if (op_profile* p = be.op_profiler())
+            profiled_call<Op>(*p, be, [&] { op_impl<Op, Backend>::run(be, std::forward<Args>(args)...); }, args...);
+        else
+            op_impl<Op, Backend>::run(be, std::forward<Args>(args)...);
+    } else {
+        return op_impl<Op, Backend>::run(be, std::forward<Args>(args)...);
+    }
+}
+}  // namespace detail
+
 /// Runs op `Op` on backend `be`. Fails to compile, naming the op and the backend, when the backend lacks it. Ops that
 /// return nothing are timed into the backend's op profile when it has one set (queries that return a value are not).
 template <class Op, backend Backend, class... Args>
@@ -67,14 +92,11 @@ decltype(auto) dispatch(const Backend& be, Args&&... args) {
         static_assert(detail::backend_lacks_op<Op, Backend>::value,
                       "hymix: this backend does not implement this op (the instantiation above names them as Op and "
                       "Backend): specialise hymix::op_impl<Op, Backend>");
-    } else if constexpr (profiling_backend<Backend> &&
-                         std::is_void_v<decltype(op_impl<Op, Backend>::run(be, std::forward<Args>(args)...))>) {
-        if (op_profile* p = be.op_profiler())
-            detail::profiled_call<Op>(*p, be, [&] { op_impl<Op, Backend>::run(be, std::forward<Args>(args)...); }, args...);
-        else
-            op_impl<Op, Backend>::run(be, std::forward<Args>(args)...);
+    } else if constexpr (subnormal_flushing_backend<Backend>) {
+        const subnormal_flush_scope fp(be.flush_subnormals());
+        return detail::dispatch_profiled<Op>(be, std::forward<Args>(args)...);
     } else {
-        return op_impl<Op, Backend>::run(be, std::forward<Args>(args)...);
+        return detail::dispatch_profiled<Op>(be, std::forward<Args>(args)...);
     }
 }
 

@@ -11,6 +11,7 @@
 // entropy); bytes: every weight read once per step, each sequence's SSM and conv states read and written, and the KV
 // rows attended to (W_q, W_o where some row fires). The `fire_rate` counter is the measured mean over blocks and
 // timed steps (at least 2 s of steps per case, so that the rate rests on tens of decisions per block).
+// BM_amor_decode_bf16: the large-vocabulary size with the weights stored as bf16 (KV caches and states stay f32).
 // Where true-sparse overtakes always-on is the question: the gate's head GEMV (d·V weights per block) is its cost.
 // The fifth variant runs true-sparse with fitted-router gates (spec.md §5.6: W₁ [512, d], nn.Linear-initialised
 // weights from a seed, τ at the 78th percentile of the router's own Ĥ over the same calibration): the gate then costs
@@ -89,14 +90,21 @@ std::int32_t token_at(std::int64_t i, std::int64_t vocab) {
 /// The model of size s for variant v (AMOR: τ of each block at the 78th percentile of its entropies over 128 decode
 /// steps after a 64-token prompt, i.e. about 22% fire; W_o = 0 as initialised, so every block sees the backbone's
 /// output and the calibration holds for all of them).
-any_model build(const size_spec& s, int v) {
-    if (v == backbone_only) return make_backbone(s);
+any_model build(const size_spec& s, int v, hymix::dtype w) {
+    if (v == backbone_only) {
+        auto m = make_backbone(s);
+        m.store_weights_as(w);
+        return m;
+    }
     if (v == fixed_hybrid) {
         std::vector<layer_kind> kinds(static_cast<std::size_t>(s.layers), layer_kind::mamba2);
         for (std::int64_t i = 0; i < n_blocks; ++i) kinds.push_back(layer_kind::attention);
-        return hymix::random_stack<hybrid_t>(stack_cfg(s), {.kinds = kinds}, {mixer_cfg(s), amor_cfg(s).attention()}, 0);
+        auto m = hymix::random_stack<hybrid_t>(stack_cfg(s), {.kinds = kinds}, {mixer_cfg(s), amor_cfg(s).attention()}, 0);
+        m.store_weights_as(w);
+        return m;
     }
     amor_t m = hymix::models::make_amor<amor_t>(make_backbone(s), amor_cfg(s), 0);
+    m.store_weights_as(w);  // before the calibration: the gate reads the head as stored
     if (v == amor_router) {
         std::vector<std::shared_ptr<const hymix::entropy_router>> routers;
         for (std::int64_t k = 0; k < n_blocks; ++k)
@@ -130,13 +138,13 @@ any_model build(const size_spec& s, int v) {
 
 /// One model alive at a time.
 template <class F>
-void with_model(int size, int v, F&& f) {
+void with_model(int size, int v, hymix::dtype w, F&& f) {
     static int key = -1;
     static std::unique_ptr<any_model> model;
-    const int k = size * 8 + (v == amor_always ? amor_sparse : v);
+    const int k = (size * 8 + (v == amor_always ? amor_sparse : v)) * 8 + static_cast<int>(w);
     if (k != key) {
         model.reset();
-        model = std::make_unique<any_model>(build(sizes[size], v));
+        model = std::make_unique<any_model>(build(sizes[size], v, w));
         key = k;
     }
     std::visit([&](auto& m) {
@@ -167,13 +175,11 @@ void roll_back(Cache& cache, std::int64_t B, std::int64_t n) {
         }, cache.layer_state(l));
 }
 
-// Args: size index, variant, batch B, context n.
-void BM_amor_decode(benchmark::State& st) {
-    const int size = static_cast<int>(st.range(0)), v = static_cast<int>(st.range(1));
-    const std::int64_t B = st.range(2), n = st.range(3);
+/// One decode step of variant v at size `size`, batch B, context n, with the projection and head weights stored as w.
+void amor_decode(benchmark::State& st, int size, int v, std::int64_t B, std::int64_t n, hymix::dtype w) {
     const auto& s = sizes[size];
     const hymix::cpu_backend be;
-    with_model(size, v, [&](auto& m) {
+    with_model(size, v, w, [&](auto& m) {
         auto cache = m.make_cache(B);
         fill_kv(cache, B, n);
         std::vector<std::int64_t> slots(static_cast<std::size_t>(B));
@@ -209,10 +215,12 @@ void BM_amor_decode(benchmark::State& st) {
             Bd * (2.0 * mixer_w + 5.0 * ssm + 2.0 * d * V + blocks * (2.0 * gate_w + 4.0 * d * d + f * (4.0 * d * d + 4.0 * nd * d)));
         // W_q and W_o are read only when some row of the step fires (about min(1, B·f) of the steps).
         const double qo = std::min(1.0, Bd * f) * 2.0 * d * d;
-        const double bytes = 4.0 * (mixer_w + d * V + blocks * (gate_w + 2.0 * d * d + qo) + Bd * 2.0 * (ssm + conv) + Bd * blocks * f * 2.0 * nd * d);
+        // Weights as stored (bf16: the conv weights, a few KB, counted as bf16 too); states and KV caches in f32.
+        const double wb = w == hymix::dtype::f32 ? 4.0 : 2.0;
+        const double bytes = wb * (mixer_w + d * V + blocks * (gate_w + 2.0 * d * d + qo)) + 4.0 * (Bd * 2.0 * (ssm + conv) + Bd * blocks * f * 2.0 * nd * d);
         st.counters["fire_rate"] = f;
         st.counters["context"] = static_cast<double>(n);
-        st.SetLabel(std::string(s.name) + " " + variant_name(v));
+        st.SetLabel(std::string(s.name) + " " + variant_name(v) + (w == hymix::dtype::f32 ? "" : " bf16 weights"));
         hymix::bench::report(st, Bd, flops, bytes, be.num_threads());
     });
 }
@@ -227,6 +235,22 @@ void args(benchmark::internal::Benchmark* b) {
                     b->Args({size, v, B, n});
                 }
 }
+// Args: size index, variant, batch B, context n.
+void BM_amor_decode(benchmark::State& st) {
+    amor_decode(st, static_cast<int>(st.range(0)), static_cast<int>(st.range(1)), st.range(2), st.range(3), hymix::dtype::f32);
+}
+/// The large-vocabulary size with every projection and the head stored as bf16 (model::store_weights_as): the exact
+/// gate's head GEMV reads half the bytes. Args: variant, batch B, context n.
+void BM_amor_decode_bf16(benchmark::State& st) {
+    amor_decode(st, 1, static_cast<int>(st.range(0)), st.range(1), st.range(2), hymix::dtype::bf16);
+}
+
+BENCHMARK(BM_amor_decode_bf16)
+    ->ArgNames({"variant", "B", "ctx"})
+    ->ArgsProduct({{backbone_only, amor_sparse, amor_always, amor_router}, {1}, {1024, 16384, 65536}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(2.0);
 BENCHMARK(BM_amor_decode)->Apply(args)->ArgNames({"size", "variant", "B", "ctx"})->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(2.0);
 
 }  // namespace

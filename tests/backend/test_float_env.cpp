@@ -150,18 +150,35 @@ TEST_CASE("gated delta rule with fast-decaying heads: flushed and IEEE runs agre
     const float scale = 1.f / std::sqrt(static_cast<float>(d));
     std::vector<float> out[2];
     std::vector<float> state_out[2];
-    for (int flush = 0; flush < 2; ++flush) {
-        hymix::cpu_backend be(2);
-        be.set_flush_subnormals(flush == 1);
-        std::vector<float> s(static_cast<std::size_t>(H * d * d), 0.f), o(q.size());
+    const auto run = [&](int threads, bool flush, std::vector<float>& o, std::vector<float>& s) {
+        hymix::cpu_backend be(threads);
+        be.set_flush_subnormals(flush);
+        s.assign(static_cast<std::size_t>(H * d * d), 0.f);
+        o.assign(q.size(), 0.f);
         hymix::kernels::gated_delta_rule_chunked(
             be, batch, hymix::tensor_view<const float, 3>(q.data(), {T, H, d}), hymix::tensor_view<const float, 3>(k.data(), {T, H, d}),
             hymix::tensor_view<const float, 3>(v.data(), {T, H, d}), hymix::tensor_view<const float, 2>(g.data(), {T, H}),
             hymix::tensor_view<const float, 2>(beta.data(), {T, H}), scale, hymix::tensor_view<float, 4>(s.data(), {1, H, d, d}),
             hymix::tensor_view<float, 3>(o.data(), {T, H, d}), chunk);
-        out[flush] = o;
-        state_out[flush] = s;
+    };
+    for (int flush = 0; flush < 2; ++flush) run(2, flush == 1, out[flush], state_out[flush]);
+#if defined(HYMIX_FLOAT_ENV_X86)
+    {
+        // The case does make subnormals: on one thread (run inline on this one) with IEEE subnormals kept, the sticky
+        // underflow and denormal-operand flags of MXCSR get set; flushed, the kernel reads none (no denormal operand).
+        std::vector<float> o, s;
+        _mm_setcsr(_mm_getcsr() & ~0x3fu);
+        run(1, false, o, s);
+        const unsigned ieee_flags = _mm_getcsr();
+        CHECK((ieee_flags & 0x10u) != 0);  // UE
+        CHECK((ieee_flags & 0x02u) != 0);  // DE
+        _mm_setcsr(_mm_getcsr() & ~0x3fu);
+        run(1, true, o, s);
+        CHECK((_mm_getcsr() & 0x02u) == 0);
+        _mm_setcsr(_mm_getcsr() & ~0x3fu);
+        CHECK(hymix::test::rel_error(o, out[1]) < 1e-6);
     }
+#endif
     // fp64 token-by-token recurrence.
     std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end()), vd(v.begin(), v.end()), gd(g.begin(), g.end()),
         bd(beta.begin(), beta.end()), sd(static_cast<std::size_t>(H * d * d), 0.0), od(q.size());

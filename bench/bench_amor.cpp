@@ -215,9 +215,12 @@ void amor_decode(benchmark::State& st, int size, int v, std::int64_t B, std::int
             Bd * (2.0 * mixer_w + 5.0 * ssm + 2.0 * d * V + blocks * (2.0 * gate_w + 4.0 * d * d + f * (4.0 * d * d + 4.0 * nd * d)));
         // W_q and W_o are read only when some row of the step fires (about min(1, B·f) of the steps).
         const double qo = std::min(1.0, Bd * f) * 2.0 * d * d;
-        // Weights as stored (bf16: the conv weights, a few KB, counted as bf16 too); states and KV caches in f32.
+        // Projections and the head as stored (2 bytes each with bf16); the conv weights, a router's weights, the
+        // states and the KV caches stay f32.
         const double wb = w == hymix::dtype::f32 ? 4.0 : 2.0;
-        const double bytes = wb * (mixer_w + d * V + blocks * (gate_w + 2.0 * d * d + qo)) + 4.0 * (Bd * 2.0 * (ssm + conv) + Bd * blocks * f * 2.0 * nd * d);
+        const double conv_w = static_cast<double>(s.layers * mc.conv_dim() * mc.d_conv);
+        const double bytes = wb * (mixer_w - conv_w + d * V + blocks * (2.0 * d * d + qo + (v == amor_router ? 0.0 : gate_w))) +
+                             4.0 * (conv_w + (v == amor_router ? blocks * gate_w : 0.0) + Bd * 2.0 * (ssm + conv) + Bd * blocks * f * 2.0 * nd * d);
         st.counters["fire_rate"] = f;
         st.counters["context"] = static_cast<double>(n);
         st.SetLabel(std::string(s.name) + " " + variant_name(v) + (w == hymix::dtype::f32 ? "" : " bf16 weights"));

@@ -33,7 +33,7 @@ run_bench_csv "$bench" "$csv" ${FILTER:+--benchmark_filter="$FILTER"} || exit $?
         /^name,/ { for (i = 1; i <= NF; i++) col[$i] = i; started = 1; next }
         !started { next }
         {
-            split($1, p, "/"); if (p[1] != "BM_amor_decode") next  # BM_amor_decode_bf16 is reported apart
+            split($1, p, "/"); if (p[1] != "BM_amor_decode") next  # f32 rows only (BM_amor_decode_bf16: docs/amor.md)
             size = p[2]; v = p[3]; B = p[4]; n = p[5]
             sub("size:", "", size); sub("variant:", "", v); sub("B:", "", B); sub("ctx:", "", n)
             tps[size, v, B, n] = $col["tokens/s"]; fire[size, v, B, n] = $col["fire_rate"]

@@ -45,10 +45,11 @@ public:
     static const char* arch_name() noexcept { return Arch::name(); }
 
     /// Whether this backend's work runs with subnormal numbers flushed to zero (default: yes; backend/float_env.hpp
-    /// says why). Every parallel_for / parallel_for_static body runs under the setting, on whichever thread runs it,
-    /// and the calling thread's own setting is restored when the call returns. Turning it off gives IEEE subnormals
-    /// (results that differ only below 2^-126 in magnitude, at a cost of up to several times the time of a chunked
-    /// scan with fast-decaying heads on x86). Not thread-safe against concurrent calls: set it before sharing.
+    /// says why). Every parallel_for / parallel_for_static body runs under exactly this setting, on whichever thread
+    /// runs it, and the calling thread's own setting is restored when the call returns. Turning it off gives IEEE
+    /// subnormals (results that differ only below 2^-126 in magnitude, at a cost of up to several times the time of
+    /// a chunked scan with fast-decaying heads on x86), even where the caller flushes. Not thread-safe against
+    /// concurrent calls: set it before sharing the backend.
     void set_flush_subnormals(bool on) noexcept { flush_subnormals_ = on; }
     bool flush_subnormals() const noexcept { return flush_subnormals_; }
 

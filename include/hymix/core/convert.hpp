@@ -64,20 +64,26 @@ inline void convert(const float* src, bf16* dst, std::size_t n) noexcept {
     for (; i < n; ++i) dst[i] = bf16::from_float(src[i]);
 }
 
-/// f16 -> f32, n elements. Exact: the 15 exponent+mantissa bits moved into place and scaled by 2^112 handle
-/// normals and subnormals alike; exponent 31 (Inf/NaN) is mapped to exponent 255 with the payload kept.
+/// f16 -> f32, n elements. Exact: the 15 exponent+mantissa bits moved into place and scaled by 2^112 handle the
+/// normals; a subnormal's 10-bit mantissa is converted as an integer and scaled by 2^-24 (moved into place, it would
+/// be an f32 subnormal, which reads as zero where denormals-are-zero is set, as in the CPU backend's work:
+/// backend/float_env.hpp); exponent 31 (Inf/NaN) is mapped to exponent 255 with the payload kept.
 inline void convert(const f16* src, float* dst, std::size_t n) noexcept {
     using u32 = xsimd::batch<std::uint32_t>;
+    using i32 = xsimd::batch<std::int32_t>;
     using f32 = xsimd::batch<float>;
     constexpr std::size_t W = u32::size;
     const auto* s = reinterpret_cast<const std::uint16_t*>(src);
-    const f32 scale = xsimd::bitwise_cast<f32>(u32(0x77800000u));  // 2^112
+    const f32 scale = xsimd::bitwise_cast<f32>(u32(0x77800000u));      // 2^112
+    const f32 sub_scale = xsimd::bitwise_cast<f32>(u32(0x33800000u));  // 2^-24, one f16 subnormal step
     std::size_t i = 0;
     for (; i + W <= n; i += W) {
         const u32 h = u32::load_unaligned(s + i);
         const u32 sign = (h & u32(0x8000u)) << 16;
         const u32 em = (h & u32(0x7fffu)) << 13;
-        const u32 scaled = xsimd::bitwise_cast<u32>(xsimd::bitwise_cast<f32>(em) * scale);
+        const u32 normal = xsimd::bitwise_cast<u32>(xsimd::bitwise_cast<f32>(em) * scale);
+        const u32 subnormal = xsimd::bitwise_cast<u32>(xsimd::to_float(xsimd::bitwise_cast<i32>(h & u32(0x3ffu))) * sub_scale);
+        const u32 scaled = detail::blend(detail::mask_less(em, 0x00800000u), subnormal, normal);
         const u32 special = em | u32(0x7f800000u);
         const u32 r = detail::blend(detail::mask_less(em, 0x0f800000u), scaled, special) | sign;
         xsimd::bitwise_cast<f32>(r).store_unaligned(dst + i);

@@ -10,8 +10,35 @@
 
 #include "hymix/backend/cpu.hpp"
 #include "hymix/backend/grain.hpp"
+#include "hymix/backend/op.hpp"
 
 using namespace hymix;
+
+namespace {
+struct count_calls_op {};  // an op with no arguments besides the backend
+int count_calls = 0;
+}  // namespace
+
+template <class Arch>
+struct hymix::op_impl<count_calls_op, hymix::basic_cpu_backend<Arch>> {
+    static void run(const hymix::basic_cpu_backend<Arch>&) { ++count_calls; }
+};
+
+TEST_CASE("dispatch written unqualified runs the op on a non-const, const or temporary CPU backend") {
+    // The backend's template argument is an xsimd type, so argument-dependent lookup also finds
+    // xsimd::dispatch<ArchList>(F&&), which would take `be` and return an unused dispatcher, running nothing.
+    count_calls = 0;
+    cpu_backend be(1);
+    dispatch<count_calls_op>(be);
+    CHECK(count_calls == 1);
+    const cpu_backend& cbe = be;
+    dispatch<count_calls_op>(cbe);
+    CHECK(count_calls == 2);
+    dispatch<count_calls_op>(cpu_backend(1));
+    CHECK(count_calls == 3);
+    hymix::dispatch<count_calls_op>(be);
+    CHECK(count_calls == 4);
+}
 
 TEST_CASE("parallel_for visits every index exactly once") {
     for (int threads : {1, 2}) {

@@ -100,4 +100,26 @@ decltype(auto) dispatch(const Backend& be, Args&&... args) {
     }
 }
 
+/// dispatch on a backend held as a non-const lvalue: the same call. This overload exists for name lookup. A backend
+/// whose template arguments are xsimd types (basic_cpu_backend<Arch>) brings namespace xsimd into argument-dependent
+/// lookup, and xsimd::dispatch<ArchList>(F&& f) takes one argument of any type: for `dispatch<MyOp>(be)` with no op
+/// arguments, written unqualified under `using namespace hymix`, it would be a better match than the const& form
+/// above: the call failed to compile with an error deep inside xsimd (the CPU backend cannot be copied into its
+/// dispatcher), or, for a copyable backend type, built a dispatcher and ran nothing. A non-const reference to the
+/// backend is more specialised than F&&, so this one is chosen (tests/backend/test_cpu.cpp).
+template <class Op, backend Backend, class... Args>
+    requires(!std::is_const_v<Backend>)
+decltype(auto) dispatch(Backend& be, Args&&... args) {
+    return dispatch<Op>(std::as_const(be), std::forward<Args>(args)...);
+}
+
+template <class Arch>
+class basic_cpu_backend;
+
+/// The same for a CPU backend passed as an rvalue (a temporary backend), which the overload above does not take.
+template <class Op, class Arch, class... Args>
+decltype(auto) dispatch(basic_cpu_backend<Arch>&& be, Args&&... args) {
+    return dispatch<Op>(std::as_const(be), std::forward<Args>(args)...);
+}
+
 }  // namespace hymix

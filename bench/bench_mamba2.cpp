@@ -96,10 +96,11 @@ void BM_mamba2_decode(benchmark::State& st) {
 
 /// The SSD core alone (130M-class head layout: H 24, P 64, N 128; one sequence of T tokens) at chunk length Q,
 /// FLOPs as in flops_per_token.
-void ssd_chunked_core(benchmark::State& st, std::int64_t T, std::int64_t chunk, int threads, bool model_decay, bool flush) {
+void ssd_chunked_core(benchmark::State& st, std::int64_t T, std::int64_t chunk, int threads, bool model_decay, bool flush,
+                      std::int64_t heads = 0) {
     auto cfg = layer_config(768);
     cfg.chunk_size = chunk;
-    const std::int64_t H = cfg.n_heads, P = cfg.head_dim, N = cfg.d_state, G = cfg.n_groups;
+    const std::int64_t H = heads > 0 ? heads : cfg.n_heads, P = cfg.head_dim, N = cfg.d_state, G = cfg.n_groups;
     hymix::cpu_backend be(threads);
     be.set_flush_subnormals(flush);
     std::vector<float> x(std::size_t(T * H * P)), bc(std::size_t(2 * T * G * N)), dt(std::size_t(T * H), 0.02f), A(std::size_t(H), -1.f),
@@ -137,6 +138,14 @@ void ssd_chunked_core(benchmark::State& st, std::int64_t T, std::int64_t chunk, 
 }
 
 void BM_ssd_chunked_core(benchmark::State& st) { ssd_chunked_core(st, st.range(0), st.range(1), 2, false, true); }
+
+/// The SSD core with H heads of 64 × 128 (24 as the 130M model, 48 as the 780M one, whose rows of x then lie 12 KiB
+/// apart: a multiple of 4 KiB), T tokens, chunk Q, on the first count in HYMIX_BENCH_THREADS (default 2).
+void BM_ssd_chunked_heads(benchmark::State& st) {
+    const int threads = hymix::bench::first_thread_count(2);
+    ssd_chunked_core(st, st.range(1), st.range(2), threads, false, true, st.range(0));
+    st.counters["threads"] = threads;
+}
 
 /// The cost of subnormal numbers: BM_ssd_chunked_core's heads, T 512, chunk 256 (a real Mamba-2 checkpoint's), on 2
 /// threads (or the first count in HYMIX_BENCH_THREADS), with the decays of a randomly initialised layer (decay 1:
@@ -197,6 +206,7 @@ BENCHMARK(BM_mamba2_prefill)
     ->UseRealTime();
 BENCHMARK(BM_mamba2_decode)->ArgNames({"d", "B"})->ArgsProduct({{256, 768}, {1, 8}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_ssd_chunked_core)->ArgNames({"T", "chunk"})->ArgsProduct({{512, 2048}, {32, 64, 128, 256}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ssd_chunked_heads)->ArgNames({"H", "T", "chunk"})->ArgsProduct({{24, 48}, {512, 2048}, {64, 256}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_ssd_chunked_subnormals)->ArgNames({"decay", "flush"})->ArgsProduct({{0, 1}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_ssd_step_core)->ArgNames({"B", "H", "threads"})->ArgsProduct({{1, 8}, {4, 24}, {1, 2}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_linear_in_proj_calibration)->ArgName("M")->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -30,6 +30,12 @@
 #                                                     flushed or kept (bench_*_subnormals), on every core and on 2;
 #                                                     then whole-model prefill 512 (f32) with HYMIX_FLUSH_SUBNORMALS
 #                                                     1 and 0 alternated twice, and an op profile of each
+#   PHASE=abbench bash scripts/dev/device_scaling.sh  before/after of one kernel benchmark: builds AB_TARGET (default
+#                                                     bench_mamba2) from this tree and from a copy with .ab_old/ laid
+#                                                     over it, then runs AB_FILTER on each count of AB_CORES (default
+#                                                     "1 16", pinned with taskset), old and new alternated for ROUNDS
+#                                                     rounds (default 2); with AB_MODEL_FILTER, bench_model_sizes
+#                                                     too, on every core, in the same rounds; CSVs in $OUT/abbench/
 # Results (Google Benchmark CSVs, peaks measured in the same run) land in $OUT, with the two binaries where this call
 # built them (models, peers and prefill phases).
 set -eo pipefail
@@ -52,7 +58,7 @@ elif [ "${PHASE:-models}" = profile ] && ! "$bin/bench_model_sizes" --benchmark_
     build_benches bench_model_sizes bench_attention
 elif [ "${PHASE:-models}" = subnormal ]; then
     build_benches bench_model_sizes bench_gated_deltanet bench_mamba2
-elif [ "${PHASE:-models}" = profile ] || [ "${PHASE:-models}" = ab ]; then
+elif [ "${PHASE:-models}" = profile ] || [ "${PHASE:-models}" = ab ] || [ "${PHASE:-models}" = abbench ]; then
     :
 elif ! "$bin/bench_oryx" --benchmark_list_tests >/dev/null 2>&1 || ! "$bin/bench_model_sizes" --benchmark_list_tests >/dev/null 2>&1; then
     build_benches bench_model_sizes bench_oryx
@@ -190,5 +196,45 @@ subnormal)
     done
     tar -C "$OUT" -czf "$OUT/subnormal.tar.gz" profile_flush1 profile_flush0 && rm -rf "$OUT/profile_flush1" "$OUT/profile_flush0"
     ;;
-*) echo "device_scaling: PHASE is models, peers, prefill, layers, profile, ab or subnormal" >&2; exit 2 ;;
+abbench)
+    [ -d .ab_old ] || { echo "device_scaling: PHASE=abbench needs .ab_old/ (the earlier versions of the changed files)" >&2; exit 2; }
+    target=${AB_TARGET:-bench_mamba2}
+    targets=("$target")
+    [ -n "${AB_MODEL_FILTER:-}" ] && targets+=(bench_model_sizes)
+    t0=$(date +%s)
+    rm -rf /tmp/ab_old
+    mkdir -p /tmp/ab_old "$OUT/abbench"
+    tar --exclude=./build --exclude=./.ab_old -cf - . | tar -C /tmp/ab_old -xf -
+    cp -a .ab_old/. /tmp/ab_old/
+    configure
+    (cd /tmp/ab_old && configure)
+    cmake --build build/release -j"$cores" --target "${targets[@]}" >/tmp/build_new.log 2>&1 &
+    pid_new=$!
+    (cd /tmp/ab_old && cmake --build build/release -j"$cores" --target "${targets[@]}" >/tmp/build_old.log 2>&1) &
+    pid_old=$!
+    wait "$pid_new" || { grep -E 'error' -A5 /tmp/build_new.log | head -40; kill "$pid_old" 2>/dev/null; exit 1; }
+    wait "$pid_old" || { grep -E 'error' -A5 /tmp/build_old.log | head -40; exit 1; }
+    echo "device_scaling: built both in $(( $(date +%s) - t0 )) s"
+    for r in $(seq 1 "${ROUNDS:-2}"); do
+        for c in ${AB_CORES:-1 16}; do
+            for v in old new; do
+                b=build/release/bench/$target
+                [ "$v" = old ] && b=/tmp/ab_old/build/release/bench/$target
+                HYMIX_BENCH_THREADS=$c taskset -c "0-$(( c - 1 ))" "$b" --benchmark_filter="${AB_FILTER:?set AB_FILTER}" \
+                    --benchmark_min_time="${AB_MIN_TIME:-0.5}" --benchmark_out="$OUT/abbench/${v}_${c}_$r.csv" \
+                    --benchmark_out_format=csv >/dev/null 2>&1 || echo "  round $r $v $c cores: failed"
+                grep -E '^"?BM' "$OUT/abbench/${v}_${c}_$r.csv" | cut -d, -f1,3 | sed "s/^/  round $r $c cores $v: /" || true
+            done
+        done
+        [ -n "${AB_MODEL_FILTER:-}" ] || continue
+        for v in old new; do
+            b=build/release/bench/bench_model_sizes
+            [ "$v" = old ] && b=/tmp/ab_old/build/release/bench/bench_model_sizes
+            HYMIX_BENCH_THREADS=$cores "$b" --benchmark_filter="$AB_MODEL_FILTER" --benchmark_min_time=1 \
+                --benchmark_out="$OUT/abbench/model_${v}_$r.csv" --benchmark_out_format=csv >/dev/null 2>&1 || echo "  round $r $v model: failed"
+            grep -E '^"?(prefill|decode)' "$OUT/abbench/model_${v}_$r.csv" | cut -d, -f1,3 | sed "s/^/  round $r model $v: /" || true
+        done
+    done
+    ;;
+*) echo "device_scaling: PHASE is models, peers, prefill, layers, profile, ab, subnormal or abbench" >&2; exit 2 ;;
 esac

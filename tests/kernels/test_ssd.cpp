@@ -2,8 +2,10 @@
 // split invariance, multi-sequence isolation and argument checks (spec.md §3.3–3.4, §8 invariants 6, 7, 12, 16).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -195,6 +197,28 @@ TEST_CASE("ssd: sequences of one call are independent (packed == separate runs)"
         CHECK(rel_error(states[i], s) < 1e-6);
     }
     CHECK(states[3] == init[3]);  // empty sequence: untouched
+}
+
+TEST_CASE("ssd segment sums of a row: the SIMD form gives the scalar formula's bits, NaN and signed zeros included") {
+    // α: a decreasing cumsum with a repeated value (differences of ±0), a NaN and an infinity in it.
+    std::vector<double> alpha(70);
+    double acc = 0;
+    const auto steps = uniform(alpha.size(), -3.f, 0.f, 41);
+    for (std::size_t j = 0; j < alpha.size(); ++j) alpha[j] = acc += steps[j];
+    alpha[9] = alpha[8];
+    alpha[23] = std::numeric_limits<double>::quiet_NaN();
+    alpha[41] = -std::numeric_limits<double>::infinity();
+    alpha[50] = 1e-300;  // a difference that rounds to an fp32 zero or subnormal
+    for (std::int64_t i : {0, 1, 7, 8, 9, 15, 16, 17, 23, 31, 40, 41, 50, 63, 69}) {
+        CAPTURE(i);
+        std::vector<float> got(std::size_t(i + 1), 42.f);
+        kernels::detail::segsum_row(alpha.data(), i, got.data());
+        for (std::int64_t j = 0; j <= i; ++j) {
+            const float want = static_cast<float>(std::min(alpha[std::size_t(i)] - alpha[std::size_t(j)], 0.0));
+            const float g = got[std::size_t(j)];
+            CHECK((std::isnan(want) ? std::isnan(g) : std::memcmp(&want, &g, sizeof g) == 0));
+        }
+    }
 }
 
 TEST_CASE("ssd segsum is finite at extreme decay with zeros above the diagonal (invariant 12)") {

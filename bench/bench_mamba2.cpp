@@ -94,8 +94,8 @@ void BM_mamba2_decode(benchmark::State& st) {
                          be.num_threads());
 }
 
-/// The SSD core alone (130M-class head layout: H 24, P 64, N 128; one sequence of T tokens) at chunk length Q,
-/// FLOPs as in flops_per_token.
+/// The SSD core alone (130M-class head layout: H 24 unless `heads` says otherwise, P 64, N 128; one sequence of T
+/// tokens) at chunk length Q, FLOPs as in flops_per_token.
 void ssd_chunked_core(benchmark::State& st, std::int64_t T, std::int64_t chunk, int threads, bool model_decay, bool flush,
                       std::int64_t heads = 0) {
     auto cfg = layer_config(768);

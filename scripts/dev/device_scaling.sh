@@ -33,7 +33,7 @@
 #   PHASE=abbench bash scripts/dev/device_scaling.sh  before/after of one kernel benchmark: builds AB_TARGET (default
 #                                                     bench_mamba2) from this tree and from a copy with .ab_old/ laid
 #                                                     over it, then runs AB_FILTER on each count of AB_CORES (default
-#                                                     "1 16", pinned with taskset), old and new alternated for ROUNDS
+#                                                     1 and every core, pinned with taskset), old and new alternated for ROUNDS
 #                                                     rounds (default 2); with AB_MODEL_FILTER, bench_model_sizes
 #                                                     too, on every core, in the same rounds; CSVs in $OUT/abbench/
 # Results (Google Benchmark CSVs, peaks measured in the same run) land in $OUT, with the two binaries where this call
@@ -198,6 +198,7 @@ subnormal)
     ;;
 abbench)
     [ -d .ab_old ] || { echo "device_scaling: PHASE=abbench needs .ab_old/ (the earlier versions of the changed files)" >&2; exit 2; }
+    : "${AB_FILTER:?device_scaling: PHASE=abbench needs AB_FILTER (benchmarks that both builds have)}"
     target=${AB_TARGET:-bench_mamba2}
     targets=("$target")
     [ -n "${AB_MODEL_FILTER:-}" ] && targets+=(bench_model_sizes)
@@ -216,11 +217,12 @@ abbench)
     wait "$pid_old" || { grep -E 'error' -A5 /tmp/build_old.log | head -40; exit 1; }
     echo "device_scaling: built both in $(( $(date +%s) - t0 )) s"
     for r in $(seq 1 "${ROUNDS:-2}"); do
-        for c in ${AB_CORES:-1 16}; do
+        for c in ${AB_CORES:-1 $cores}; do
+            [ "$c" -le "$cores" ] || continue
             for v in old new; do
                 b=build/release/bench/$target
                 [ "$v" = old ] && b=/tmp/ab_old/build/release/bench/$target
-                HYMIX_BENCH_THREADS=$c taskset -c "0-$(( c - 1 ))" "$b" --benchmark_filter="${AB_FILTER:?set AB_FILTER}" \
+                HYMIX_BENCH_THREADS=$c taskset -c "0-$(( c - 1 ))" "$b" --benchmark_filter="$AB_FILTER" \
                     --benchmark_min_time="${AB_MIN_TIME:-0.5}" --benchmark_out="$OUT/abbench/${v}_${c}_$r.csv" \
                     --benchmark_out_format=csv >/dev/null 2>&1 || echo "  round $r $v $c cores: failed"
                 grep -E '^"?BM' "$OUT/abbench/${v}_${c}_$r.csv" | cut -d, -f1,3 | sed "s/^/  round $r $c cores $v: /" || true

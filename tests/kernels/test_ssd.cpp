@@ -199,20 +199,24 @@ TEST_CASE("ssd: sequences of one call are independent (packed == separate runs)"
     CHECK(states[3] == init[3]);  // empty sequence: untouched
 }
 
-TEST_CASE("ssd segment sums of a row: the SIMD form gives the scalar formula's bits, NaN and signed zeros included") {
+TEST_CASE("ssd segment sums of a row: the SIMD form gives the scalar formula's bits (NaN, ±0, ±inf, subnormals)") {
     // α: a decreasing cumsum with a repeated value (differences of ±0), a NaN and an infinity in it.
     std::vector<double> alpha(70);
     double acc = 0;
     const auto steps = uniform(alpha.size(), -3.f, 0.f, 41);
     for (std::size_t j = 0; j < alpha.size(); ++j) alpha[j] = acc += steps[j];
-    alpha[9] = alpha[8];
+    alpha[9] = alpha[8];  // a +0 difference
     alpha[23] = std::numeric_limits<double>::quiet_NaN();
     alpha[41] = -std::numeric_limits<double>::infinity();
-    alpha[50] = 1e-300;  // a difference that rounds to an fp32 zero or subnormal
-    for (std::int64_t i : {0, 1, 7, 8, 9, 15, 16, 17, 23, 31, 40, 41, 50, 63, 69}) {
+    alpha[50] = 0.0;   // with alpha[52] = -0: differences −0 − (+0) = −0 and +0 − (−0) = +0
+    alpha[52] = -0.0;
+    alpha[59] = 1e-39;  // differences below the fp32 normal range (rows 60 and 61): fp32 subnormals
+    alpha[60] = 0.0;
+    alpha[61] = -3e-39;
+    for (std::int64_t i : {0, 1, 7, 8, 9, 15, 16, 17, 23, 31, 40, 41, 50, 52, 59, 60, 61, 63, 69}) {
         CAPTURE(i);
         std::vector<float> got(std::size_t(i + 1), 42.f);
-        kernels::detail::segsum_row(alpha.data(), i, got.data());
+        kernels::detail::segsum_row<cpu_backend::arch>(alpha.data(), i, got.data());
         for (std::int64_t j = 0; j <= i; ++j) {
             const float want = static_cast<float>(std::min(alpha[std::size_t(i)] - alpha[std::size_t(j)], 0.0));
             const float g = got[std::size_t(j)];

@@ -104,9 +104,9 @@ decltype(auto) dispatch(const Backend& be, Args&&... args) {
 /// whose template arguments are xsimd types (basic_cpu_backend<Arch>) brings namespace xsimd into argument-dependent
 /// lookup, and xsimd::dispatch<ArchList>(F&& f) takes one argument of any type: for `dispatch<MyOp>(be)` with no op
 /// arguments, written unqualified under `using namespace hymix`, it would be a better match than the const& form
-/// above: the call failed to compile with an error deep inside xsimd (the CPU backend cannot be copied into its
-/// dispatcher), or, for a copyable backend type, built a dispatcher and ran nothing. A non-const reference to the
-/// backend is more specialised than F&&, so this one is chosen (tests/backend/test_cpu.cpp).
+/// above: the call built an xsimd dispatcher holding a reference to the backend and ran nothing (and, for a temporary
+/// backend, failed to compile deep inside xsimd, which copies it: see the overload below). A non-const reference to
+/// the backend is more specialised than F&&, so this one is chosen (tests/backend/test_cpu.cpp).
 template <class Op, backend Backend, class... Args>
     requires(!std::is_const_v<Backend>)
 decltype(auto) dispatch(Backend& be, Args&&... args) {

@@ -186,20 +186,23 @@ T skip_coef(const ssd_inputs<T>& in, std::int64_t h, std::int64_t p) {
 }
 
 /// out[j] = float(min(α_i − α_j, 0)) for j ≤ i: the segment sums of row i, differences taken in fp64 and rounded
-/// once to fp32, with std::min's semantics (a NaN difference stays NaN). In SIMD where the target has a packed
-/// fp64 → fp32 conversion (the compiler leaves this loop scalar: the comparison is control flow to it); each entry
-/// takes the same two operations, so the bits are the scalar loop's.
-inline void segsum_row(const double* alpha, std::int64_t i, float* out) {
+/// once to fp32, with std::min's semantics (a NaN difference stays NaN). In SIMD where Arch has a packed fp64 → fp32
+/// conversion (AVX-512, AVX; the compiler leaves this loop scalar: the comparison is control flow to it); each entry
+/// takes the same two operations, so the bits are the scalar loop's. A template on Arch, like the kernels that call
+/// it, so that translation units built for different architectures never share one copy.
+template <class Arch>
+void segsum_row(const double* alpha, std::int64_t i, float* out) {
     const double ai = alpha[i];
     std::int64_t j = 0;
 #if defined(__AVX512F__)
-    {
+    if constexpr (std::is_base_of_v<xsimd::avx512f, Arch>) {
         const __m512d va = _mm512_set1_pd(ai), zero = _mm512_setzero_pd();
         for (; j + 8 <= i + 1; j += 8)  // min(0, d) is 0 < d ? 0 : d, which is std::min(d, 0.0), NaN included
             _mm256_storeu_ps(out + j, _mm512_cvtpd_ps(_mm512_min_pd(zero, _mm512_sub_pd(va, _mm512_loadu_pd(alpha + j)))));
     }
-#elif defined(__AVX__)
-    {
+#endif
+#if defined(__AVX__)
+    if constexpr (std::is_base_of_v<xsimd::avx, Arch> && !std::is_base_of_v<xsimd::avx512f, Arch>) {
         const __m256d va = _mm256_set1_pd(ai), zero = _mm256_setzero_pd();
         for (; j + 4 <= i + 1; j += 4)
             _mm_storeu_ps(out + j, _mm256_cvtpd_ps(_mm256_min_pd(zero, _mm256_sub_pd(va, _mm256_loadu_pd(alpha + j)))));
@@ -216,7 +219,7 @@ template <class Arch>
 void segsum_exp_row(const double* alpha, std::int64_t i, std::int64_t L, const float* scale, float* out, bool zero_above = true) {
     using Bf = xsimd::batch<float, Arch>;
     constexpr std::int64_t W = static_cast<std::int64_t>(Bf::size);
-    segsum_row(alpha, i, out);
+    segsum_row<Arch>(alpha, i, out);
     std::int64_t j = 0;
     if (scale) {
         for (; j + W <= i + 1; j += W)
@@ -320,11 +323,10 @@ using ssd_map = Eigen::Map<ssd_row_matrix, Eigen::Unaligned, Eigen::OuterStride<
 struct ssd_scratch {
     std::vector<double> alpha;                      // [W]    α of the chunk
     Eigen::VectorXf dtl, decay, dvec;               // [W]    Δ, exp(α); [P] skip coefficients
-    ssd_row_matrix M, Tmp, Xw, Yc;                  // [W, W] [W, P] [W, P] [W, P]
+    ssd_row_matrix M, Tmp, Xw;                      // [W, W] [W, P] [W, P]
     std::vector<float> st;                          // [N, P] a state transposed (the layout the scan's products read)
     ssd_scratch(std::int64_t W, std::int64_t P, std::int64_t N)
-        : alpha(static_cast<std::size_t>(W)), dtl(W), decay(W), dvec(P), M(W, W), Tmp(W, P), Xw(W, P), Yc(W, P),
-          st(static_cast<std::size_t>(N * P)) {}
+        : alpha(static_cast<std::size_t>(W)), dtl(W), decay(W), dvec(P), M(W, W), Tmp(W, P), Xw(W, P), st(static_cast<std::size_t>(N * P)) {}
 };
 
 /// exp(α_last), the decay of a state over a whole chunk (α ≤ 0).
@@ -423,7 +425,8 @@ inline void ssd_state_pass_tile(float* hs, const float* sc, float* h_in, std::in
 ///   Y = tril(C Bᵀ ⊙ exp(segsum)) (Δ x) + diag(exp α) C h0ᵀ + x diag(D).
 /// Register-tile products (tile_product.hpp) reading x, C and h0t where they lie: the read-out of the entering state
 /// C·h0ᵀ (skipped when h0_zero), scaled by exp(α) per row, then the intra-chunk term added by the lower-triangular
-/// product with Δ folded into M's columns (entries above the diagonal never read); y is written in place.
+/// product with Δ folded into M's columns (entries above the diagonal neither written nor read); y is written in
+/// place. (Packing x's rows, which lie H·P floats apart, was measured and made nothing faster: docs/scaling_16core.md.)
 template <class Arch>
 void ssd_chunk_scan_tile(const ssd_inputs<float>& in, std::int64_t h, std::int64_t r, std::int64_t L, const float* cb,
                          std::int64_t ld_cb, const double* alpha, const float* h0t, bool h0_zero, tensor_view<float, 3> y,
@@ -444,35 +447,24 @@ void ssd_chunk_scan_tile(const ssd_inputs<float>& in, std::int64_t h, std::int64
         segsum_exp_row<Arch>(alpha, t, L, cb + t * ld_cb, m, false);
         for (std::int64_t j = 0; j <= t; ++j) m[j] *= dtl[j];
     }
-    // The chunk's rows of x for this head packed into xc [L, P], and its outputs built in yc [L, P], written to y
-    // once at the end. In place, those rows lie H·P floats apart: at a multiple of 4 KiB (48 heads of 64) every row
-    // falls on the same few L1 sets, and each row tile of the products below would read them all again from L2.
-    // Packing moves no term and changes no rounding.
-    float* xc = w.Tmp.data();
-    float* yc = w.Yc.data();
-    for (std::int64_t t = 0; t < L; ++t) std::copy_n(&in.x(r + t, h, 0), P, xc + t * P);
     // Inter-chunk Y_off = diag(exp α) C h0ᵀ, then the intra-chunk M x added, then the skip D·x.
     if (!h0_zero) {
-        tile_product<Arch>(&in.C(r, g, 0), in.C.strides[0], 1, h0t, P, yc, P, L, P, N, false);
+        tile_product<Arch>(&in.C(r, g, 0), in.C.strides[0], 1, h0t, P, yr, ldy, L, P, N, false);
         for (std::int64_t t = 0; t < L; ++t) {
             const float d = w.decay[t];
-            float* yt = yc + t * P;
+            float* yt = yr + t * ldy;
             for (std::int64_t p = 0; p < P; ++p) yt[p] *= d;
         }
     }
-    tile_product_lower<Arch>(w.M.data(), ldm, 1, xc, P, yc, P, L, P, !h0_zero);  // overwrites yc when h0 = 0
-    // y's rows written once: yc plus the skip D·x.
+    tile_product_lower<Arch>(w.M.data(), ldm, 1, &in.x(r, h, 0), in.x.strides[0], yr, ldy, L, P, !h0_zero);  // overwrites y when h0 = 0
     if (in.D) {
         for (std::int64_t p = 0; p < P; ++p) w.dvec[p] = skip_coef(in, h, p);
         const float* dv = w.dvec.data();
         for (std::int64_t t = 0; t < L; ++t) {
-            const float* x = xc + t * P;
-            const float* yt = yc + t * P;
-            float* out = yr + t * ldy;
-            for (std::int64_t p = 0; p < P; ++p) out[p] = yt[p] + x[p] * dv[p];
+            const float* x = &in.x(r + t, h, 0);
+            float* yt = yr + t * ldy;
+            for (std::int64_t p = 0; p < P; ++p) yt[p] += x[p] * dv[p];
         }
-    } else {
-        for (std::int64_t t = 0; t < L; ++t) std::copy_n(yc + t * P, P, yr + t * ldy);
     }
 }
 

@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -17,11 +19,33 @@ using namespace hymix;
 namespace {
 struct count_calls_op {};  // an op with no arguments besides the backend
 int count_calls = 0;
+
+/// A user's own backend parameterised on an xsimd architecture (copyable, so xsimd::dispatch could take it).
+template <class Arch>
+struct simd_user_backend {
+    using memory_space = host_space;
+    static constexpr const char* name = "user-simd";
+    int num_threads() const { return 1; }
+    template <class F>
+    void parallel_for(std::int64_t n, std::int64_t, F&& f) const {
+        if (n > 0) f(std::int64_t{0}, n);
+    }
+    void* allocate(std::size_t bytes) const { return ::operator new(bytes); }
+    void deallocate(void* p, std::size_t) const { ::operator delete(p); }
+    void copy_to_host(void* d, const void* s, std::size_t n) const { std::memcpy(d, s, n); }
+    void copy_from_host(void* d, const void* s, std::size_t n) const { std::memcpy(d, s, n); }
+    void synchronize() const {}
+};
+static_assert(backend<simd_user_backend<xsimd::default_arch>>);
 }  // namespace
 
 template <class Arch>
 struct hymix::op_impl<count_calls_op, hymix::basic_cpu_backend<Arch>> {
     static void run(const hymix::basic_cpu_backend<Arch>&) { ++count_calls; }
+};
+template <class Arch>
+struct hymix::op_impl<count_calls_op, simd_user_backend<Arch>> {
+    static void run(const simd_user_backend<Arch>&) { ++count_calls; }
 };
 
 TEST_CASE("dispatch written unqualified runs the op on a non-const, const or temporary CPU backend") {
@@ -38,6 +62,16 @@ TEST_CASE("dispatch written unqualified runs the op on a non-const, const or tem
     CHECK(count_calls == 3);
     hymix::dispatch<count_calls_op>(be);
     CHECK(count_calls == 4);
+    dispatch<count_calls_op>(std::move(cbe));  // a const rvalue
+    CHECK(count_calls == 5);
+    dispatch<count_calls_op, cpu_backend>(cpu_backend(1));  // the backend type named
+    CHECK(count_calls == 6);
+    // A backend of the user's own on an xsimd architecture: lvalue, const lvalue, temporary.
+    simd_user_backend<xsimd::default_arch> ub;
+    dispatch<count_calls_op>(ub);
+    dispatch<count_calls_op>(std::as_const(ub));
+    dispatch<count_calls_op>(simd_user_backend<xsimd::default_arch>{});
+    CHECK(count_calls == 9);
 }
 
 TEST_CASE("parallel_for visits every index exactly once") {

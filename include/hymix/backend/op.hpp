@@ -101,25 +101,25 @@ decltype(auto) dispatch(const Backend& be, Args&&... args) {
 }
 
 /// dispatch on a backend held as a non-const lvalue: the same call. This overload exists for name lookup. A backend
-/// whose template arguments are xsimd types (basic_cpu_backend<Arch>) brings namespace xsimd into argument-dependent
-/// lookup, and xsimd::dispatch<ArchList>(F&& f) takes one argument of any type: for `dispatch<MyOp>(be)` with no op
-/// arguments, written unqualified under `using namespace hymix`, it would be a better match than the const& form
-/// above: the call built an xsimd dispatcher holding a reference to the backend and ran nothing (and, for a temporary
-/// backend, failed to compile deep inside xsimd, which copies it: see the overload below). A non-const reference to
-/// the backend is more specialised than F&&, so this one is chosen (tests/backend/test_cpu.cpp).
+/// whose template arguments are xsimd types (basic_cpu_backend<Arch>, or a user's backend on an xsimd arch) brings
+/// namespace xsimd into argument-dependent lookup, and xsimd::dispatch<ArchList>(F&& f) takes one argument of any
+/// type: for `dispatch<MyOp>(be)` with no op arguments, written unqualified under `using namespace hymix`, it would be
+/// a better match than the const& form above, and the call would build an xsimd dispatcher holding the backend and
+/// run nothing (or fail to compile deep inside xsimd, for a backend it cannot copy). A non-const reference to the
+/// backend is more specialised than F&&, so this one is chosen (tests/backend/test_cpu.cpp).
 template <class Op, backend Backend, class... Args>
     requires(!std::is_const_v<Backend>)
 decltype(auto) dispatch(Backend& be, Args&&... args) {
     return dispatch<Op>(std::as_const(be), std::forward<Args>(args)...);
 }
 
-template <class Arch>
-class basic_cpu_backend;
-
-/// The same for a CPU backend passed as an rvalue (a temporary backend), which the overload above does not take.
-template <class Op, class Arch, class... Args>
-decltype(auto) dispatch(basic_cpu_backend<Arch>&& be, Args&&... args) {
-    return dispatch<Op>(std::as_const(be), std::forward<Args>(args)...);
+/// The same for a backend passed as an rvalue (a temporary, or std::move of one, const or not) with no op arguments:
+/// this overload and xsimd's F&& are equally specialised, and this one, being constrained, wins the tie (C++20
+/// [temp.func.order]). With op arguments xsimd's one-argument template is not viable and the const& form serves.
+template <class Op, class Backend>
+    requires(backend<std::remove_cvref_t<Backend>> && !std::is_reference_v<Backend>)
+decltype(auto) dispatch(Backend&& be) {
+    return dispatch<Op>(std::as_const(be));
 }
 
 }  // namespace hymix

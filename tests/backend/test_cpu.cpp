@@ -4,15 +4,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstring>
 #include <mutex>
-#include <new>
 #include <utility>
 #include <vector>
 
 #include "hymix/backend/cpu.hpp"
 #include "hymix/backend/grain.hpp"
 #include "hymix/backend/op.hpp"
+#include "support/host_backend.hpp"
 
 using namespace hymix;
 
@@ -22,19 +21,8 @@ int count_calls = 0;
 
 /// A user's own backend parameterised on an xsimd architecture (copyable, so xsimd::dispatch could take it).
 template <class Arch>
-struct simd_user_backend {
-    using memory_space = host_space;
+struct simd_user_backend : test::minimal_host_backend {
     static constexpr const char* name = "user-simd";
-    int num_threads() const { return 1; }
-    template <class F>
-    void parallel_for(std::int64_t n, std::int64_t, F&& f) const {
-        if (n > 0) f(std::int64_t{0}, n);
-    }
-    void* allocate(std::size_t bytes) const { return ::operator new(bytes); }
-    void deallocate(void* p, std::size_t) const { ::operator delete(p); }
-    void copy_to_host(void* d, const void* s, std::size_t n) const { std::memcpy(d, s, n); }
-    void copy_from_host(void* d, const void* s, std::size_t n) const { std::memcpy(d, s, n); }
-    void synchronize() const {}
 };
 static_assert(backend<simd_user_backend<xsimd::default_arch>>);
 }  // namespace

@@ -5,8 +5,6 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
-#include <cstring>
-#include <new>
 #include <random>
 #include <span>
 #include <string>
@@ -17,22 +15,12 @@
 #include "hymix/core/linear_weight.hpp"
 #include "hymix/ops/elementwise.hpp"
 #include "hymix/ops/linear.hpp"
+#include "support/host_backend.hpp"
 
 namespace {
 
-struct fp32_only_backend {
-    using memory_space = hymix::host_space;
+struct fp32_only_backend : hymix::test::minimal_host_backend {
     static constexpr const char* name = "fp32-only";
-    int num_threads() const { return 1; }
-    template <class F>
-    void parallel_for(std::int64_t n, std::int64_t, F&& f) const {
-        if (n > 0) f(std::int64_t{0}, n);
-    }
-    void* allocate(std::size_t bytes) const { return ::operator new(bytes); }
-    void deallocate(void* p, std::size_t) const { ::operator delete(p); }
-    void copy_to_host(void* d, const void* s, std::size_t n) const { std::memcpy(d, s, n); }
-    void copy_from_host(void* d, const void* s, std::size_t n) const { std::memcpy(d, s, n); }
-    void synchronize() const {}
 };
 static_assert(hymix::host_backend<fp32_only_backend>);
 

@@ -72,6 +72,21 @@ sizes() {  # sizes OUT_CSV CORES FILTER MIN_TIME
         --benchmark_min_time="$4" --benchmark_out="$1" --benchmark_out_format=csv >/dev/null
     grep -E '^"?(prefill|decode)' "$1" | cut -d, -f1,3 | sed "s/^/  $2 cores: /" || true
 }
+build_old_new() {  # build_old_new TARGET...: builds them here and in /tmp/ab_old (this tree with .ab_old/ laid over it), at once
+    rm -rf /tmp/ab_old
+    mkdir -p /tmp/ab_old
+    tar --exclude=./build --exclude=./.ab_old -cf - . | tar -C /tmp/ab_old -xf -
+    cp -a .ab_old/. /tmp/ab_old/
+    configure
+    (cd /tmp/ab_old && configure)
+    cmake --build build/release -j"$cores" --target "$@" >/tmp/build_new.log 2>&1 &
+    local pid_new=$!
+    (cd /tmp/ab_old && cmake --build build/release -j"$cores" --target "$@" >/tmp/build_old.log 2>&1) &
+    local pid_old=$!
+    wait "$pid_new" || { grep -E 'error' -A5 /tmp/build_new.log | head -40; kill "$pid_old" 2>/dev/null; exit 1; }
+    wait "$pid_old" || { grep -E 'error' -A5 /tmp/build_old.log | head -40; exit 1; }
+    echo "device_scaling: built both in $(( $(date +%s) - t0 )) s"
+}
 case "${PHASE:-models}" in
 models)
     sizes "$OUT/model_sizes_16core.csv" "$cores" '(prefill/.*/(f32|bf16|i8)/)|(decode/.*/(f32|bf16|i8)/batch:(1|8)/)' 1
@@ -133,19 +148,7 @@ profile)
 ab)
     [ -d .ab_old ] || { echo "device_scaling: PHASE=ab needs .ab_old/ (the earlier versions of the changed files)" >&2; exit 2; }
     t0=$(date +%s)
-    rm -rf /tmp/ab_old
-    mkdir -p /tmp/ab_old
-    tar --exclude=./build --exclude=./.ab_old -cf - . | tar -C /tmp/ab_old -xf -
-    cp -a .ab_old/. /tmp/ab_old/
-    configure
-    (cd /tmp/ab_old && configure)
-    cmake --build build/release -j"$cores" --target bench_model_sizes >/tmp/build_new.log 2>&1 &
-    pid_new=$!
-    (cd /tmp/ab_old && cmake --build build/release -j"$cores" --target bench_model_sizes >/tmp/build_old.log 2>&1) &
-    pid_old=$!
-    wait "$pid_new" || { grep -E 'error' -A5 /tmp/build_new.log | head -40; kill "$pid_old" 2>/dev/null; exit 1; }
-    wait "$pid_old" || { grep -E 'error' -A5 /tmp/build_old.log | head -40; exit 1; }
-    echo "device_scaling: built both in $(( $(date +%s) - t0 )) s"
+    build_old_new bench_model_sizes
     mkdir -p "$OUT/ab"
     filter="${AB_FILTER:-(prefill/.*/f32/)|(decode/.*/f32/batch:(1|8)/)|(decode/mamba2-780m/bf16/batch:(1|8)/)}"
     # A third variant, "malloc": the new build with glibc's heap never trimmed or unmapped (MALLOC_TRIM_THRESHOLD_,
@@ -203,19 +206,8 @@ abbench)
     targets=("$target")
     [ -n "${AB_MODEL_FILTER:-}" ] && targets+=(bench_model_sizes)
     t0=$(date +%s)
-    rm -rf /tmp/ab_old
-    mkdir -p /tmp/ab_old "$OUT/abbench"
-    tar --exclude=./build --exclude=./.ab_old -cf - . | tar -C /tmp/ab_old -xf -
-    cp -a .ab_old/. /tmp/ab_old/
-    configure
-    (cd /tmp/ab_old && configure)
-    cmake --build build/release -j"$cores" --target "${targets[@]}" >/tmp/build_new.log 2>&1 &
-    pid_new=$!
-    (cd /tmp/ab_old && cmake --build build/release -j"$cores" --target "${targets[@]}" >/tmp/build_old.log 2>&1) &
-    pid_old=$!
-    wait "$pid_new" || { grep -E 'error' -A5 /tmp/build_new.log | head -40; kill "$pid_old" 2>/dev/null; exit 1; }
-    wait "$pid_old" || { grep -E 'error' -A5 /tmp/build_old.log | head -40; exit 1; }
-    echo "device_scaling: built both in $(( $(date +%s) - t0 )) s"
+    mkdir -p "$OUT/abbench"
+    build_old_new "${targets[@]}"
     for r in $(seq 1 "${ROUNDS:-2}"); do
         for c in ${AB_CORES:-1 $cores}; do
             [ "$c" -le "$cores" ] || continue

@@ -3,31 +3,16 @@
 // name both the op (linear_op) and the backend (toy_backend).
 // Built with -DHYMIX_FAILTEST_CONTROL the backend gains op_impl<ops::linear_op, toy_backend> and the file must
 // compile, which proves that the missing op is the only error.
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <new>
-
 #include "hymix/backend/concepts.hpp"
 #include "hymix/core/tensor.hpp"
 #include "hymix/ops/linear.hpp"
+#include "support/host_backend.hpp"
 
 namespace {
 
 /// A complete host backend (memory, copies, threads) that implements no op.
-struct toy_backend {
-    using memory_space = hymix::host_space;
+struct toy_backend : hymix::test::minimal_host_backend {
     static constexpr const char* name = "toy";
-    int num_threads() const { return 1; }
-    template <class F>
-    void parallel_for(std::int64_t n, std::int64_t, F&& f) const {
-        if (n > 0) f(std::int64_t{0}, n);
-    }
-    void* allocate(std::size_t bytes) const { return ::operator new(bytes); }
-    void deallocate(void* p, std::size_t) const { ::operator delete(p); }
-    void copy_to_host(void* d, const void* s, std::size_t n) const { std::memcpy(d, s, n); }
-    void copy_from_host(void* d, const void* s, std::size_t n) const { std::memcpy(d, s, n); }
-    void synchronize() const {}
 };
 static_assert(hymix::backend<toy_backend>);
 

@@ -2,33 +2,18 @@
 // Must not compile: a host tensor view is passed to an op of a backend whose memory space is a device's. Views carry
 // their memory space in their type, and there is no conversion between spaces.
 // Built with -DHYMIX_FAILTEST_CONTROL the op gets views of the device's memory space and the file must compile.
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <new>
-
 #include "hymix/backend/concepts.hpp"
 #include "hymix/core/tensor.hpp"
 #include "hymix/ops/linear.hpp"
+#include "support/host_backend.hpp"
 
 namespace {
 
 using dev = hymix::device_space<0>;
 
 /// A device backend stand-in: its memory space is a device's (nothing here touches a real device).
-struct toy_device_backend {
-    using memory_space = dev;
+struct toy_device_backend : hymix::test::minimal_backend<dev> {
     static constexpr const char* name = "toy_device";
-    int num_threads() const { return 1; }
-    template <class F>
-    void parallel_for(std::int64_t n, std::int64_t, F&& f) const {
-        if (n > 0) f(std::int64_t{0}, n);
-    }
-    void* allocate(std::size_t bytes) const { return ::operator new(bytes); }
-    void deallocate(void* p, std::size_t) const { ::operator delete(p); }
-    void copy_to_host(void* d, const void* s, std::size_t n) const { std::memcpy(d, s, n); }
-    void copy_from_host(void* d, const void* s, std::size_t n) const { std::memcpy(d, s, n); }
-    void synchronize() const {}
 };
 static_assert(hymix::backend<toy_device_backend> && !hymix::host_backend<toy_device_backend>);
 

@@ -357,8 +357,9 @@ inline constexpr std::int64_t decode_block = 512;
 
 /// Prefetches the n values from p into L2 (one request per 64-byte line; hint T1, as kernels::linear's weight
 /// prefetch). The decode kernel fetches a whole block of keys or values (256 KiB of f32 at d_h 128) one pass ahead of
-/// its use: fetched into L1 (hint T0), each line evicted the lines still in use, and on a 2-core AMD EPYC (Zen 5) the
-/// kernel read f32 KV at 11–15 GB/s against 21–22 GB/s into L2 (32K keys, 32 / 8 heads × 128; bench_attention).
+/// its use, more than L1 holds, so hint T0 (into L1) would evict lines still in use. Measured with bench_attention
+/// (docs/attn_decode_prefetch_2core/): on a 2-core AMD EPYC (Zen 5) 32K f32 keys of 32 / 8 heads × 128 were read at
+/// 16.1 GB/s against 12.1 with T0 (medians of three alternated rounds); on a 16-core Xeon no change beyond the spread.
 template <class T>
 inline void prefetch_values(const T* p, std::int64_t n) {
     const auto* b = reinterpret_cast<const char*>(p);

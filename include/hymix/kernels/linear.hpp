@@ -226,15 +226,22 @@ HYMIX_LINEAR_FLATTEN void linear_tile(tensor_view<const float, 2> x, tensor_view
 }
 
 /// Register tile sizes: R rows of x by C rows of w. With 32 vector registers (AVX-512) 4 × 6 accumulators plus
-/// 6 weight vectors and one x vector fit, and blocks of one or two rows (decode) take 8 weight rows at a time; with
-/// 16 registers (AVX2, SSE, NEON) 3 × 3 and 2 × 4. `group` (a multiple of both widths) is the unit of the column split.
+/// 6 weight vectors and one x vector fit, and blocks of one or two rows (decode) take 8 f32 weight rows at a time;
+/// with 16 registers (AVX2, SSE, NEON) 3 × 3 and 2 × 4. `group` (a multiple of every width) is the unit of the column
+/// split.
 template <class Arch>
 struct linear_tiles {
     static constexpr bool many_registers = std::is_base_of_v<xsimd::avx512f, Arch>;
     static constexpr int R = many_registers ? 4 : 3;
     static constexpr int C = many_registers ? 6 : 3;
-    static constexpr int C_few_rows = many_registers ? 8 : 4;  // for blocks of at most 2 rows
     static constexpr int group = many_registers ? 24 : 12;
+    /// Weight rows per tile for blocks of at most 2 rows (decode), by the weight's element type. 16-bit weights take
+    /// 4 rows, not 8: one core then streams them about as fast as f32 weights, in bytes. Measured on Zen 5, one thread,
+    /// weights from DRAM, M 1: bf16 4096² 1.37 → 1.14 ms (best of 200 calls; 24 → 29 GB/s, f32 28 GB/s), likewise at
+    /// [6400, 1536], [1536, 3072], [4096, 1024] and [2048, 2048]; 5 to 8 rows were all as slow as 8, 2 and 3 rows as
+    /// fast as 4. 8-bit weights stay at 8 rows: 4 made bench_linear's i8 GEMV 5–30% slower.
+    template <class TW>
+    static constexpr int C_few_rows = many_registers ? (sizeof(TW) == 2 ? 4 : 8) : 4;
 };
 
 /// Rows [m0, m1) of y against weight rows [n, n + CC): row tiles of R, then one tile of the remaining rows. Long
@@ -303,7 +310,7 @@ void linear_columns(tensor_view<const float, 2> x, tensor_view<const TW, 2> w, c
     // stream) and the same with f32; whole-model decode steps at batch 1 were 1.01–1.41× faster
     // (docs/decode_prefetch_2core.csv).
     if (M <= 2) {
-        linear_block<Arch, 2, tiles::C_few_rows, 2, true>(x, w, bias, y, 0, M, n0, n1, K);
+        linear_block<Arch, 2, tiles::template C_few_rows<TW>, 2, true>(x, w, bias, y, 0, M, n0, n1, K);
         return;
     }
     // Rows in blocks of about 256 KiB of x (a quarter of the smallest L2 seen, 1 MiB). A weight tile of up to

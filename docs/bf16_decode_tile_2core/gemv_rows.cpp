@@ -6,6 +6,7 @@
 // Build and run (from the repository root, on an AVX-512 machine):
 //   g++ -O3 -march=native -std=gnu++20 -DNDEBUG -Wno-maybe-uninitialized -I include -isystem /usr/include/eigen3 -o /tmp/gemv_rows
 //       docs/bf16_decode_tile_2core/gemv_rows.cpp -ltbb     (one line), then /tmp/gemv_rows N K (default 4096 4096)
+// N and K are given together or not at all; K must be a multiple of 16 (no tail) and N · K at most 2^28.
 #include <immintrin.h>
 
 #include <algorithm>

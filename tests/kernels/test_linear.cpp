@@ -341,7 +341,8 @@ template <class TW, class Backend>
 void check_16bit_weights(const char* arch_name) {
     CAPTURE(arch_name);
     const std::int64_t Ms[] = {1, 2, 3, 5, 8, 13, 64, 131};
-    const std::int64_t NKs[][2] = {{1, 1}, {7, 15}, {37, 53}, {29, 128}, {50, 1100}, {24, 2061}};
+    // The last two are large enough for decode (M 1, 2) to split its columns between 2 threads.
+    const std::int64_t NKs[][2] = {{1, 1}, {7, 15}, {37, 53}, {29, 128}, {50, 1100}, {24, 2061}, {101, 2061}, {99, 4096}};
     std::uint64_t seed = 700;
     for (int threads : {1, 2}) {
         const Backend be(threads);
@@ -454,7 +455,8 @@ template <class Backend>
 void check_q8_weights(const char* arch_name) {
     CAPTURE(arch_name);
     const std::int64_t Ms[] = {1, 2, 3, 5, 8, 13, 64, 131};
-    const std::int64_t NKs[][2] = {{1, 1}, {7, 15}, {37, 53}, {29, 128}, {50, 1100}, {24, 2061}};
+    // The last two are large enough for decode (M 1, 2) to split its columns between 2 threads.
+    const std::int64_t NKs[][2] = {{1, 1}, {7, 15}, {37, 53}, {29, 128}, {50, 1100}, {24, 2061}, {101, 2061}, {99, 4096}};
     std::uint64_t seed = 900;
     for (int threads : {1, 2, 16}) {  // 16: rows split as well as columns (few columns per thread)
         const Backend be(threads);

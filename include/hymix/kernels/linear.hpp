@@ -236,11 +236,12 @@ struct linear_tiles {
     static constexpr int C = many_registers ? 6 : 3;
     static constexpr int group = many_registers ? 24 : 12;
     /// Weight rows per tile for blocks of at most 2 rows (decode), by the weight's element type. 16-bit weights take
-    /// 4 rows, not 8: one core then streams them about as fast as f32 weights, in bytes. Measured on Zen 5, one thread,
-    /// weights from DRAM, M 1, best of 200 calls: bf16 4096² 1.45–1.51 → 1.26–1.28 ms (23 → 26 GB/s; f32 30 GB/s),
-    /// likewise at [6400, 1536], [1536, 3072], [4096, 1024] and [2048, 2048]; 5 to 8 rows all as slow as 8, 2 and 3
-    /// rows almost as fast as 4 (docs/bf16_decode_tile_2core/). 8-bit weights stay at 8 rows: 4 made bench_linear's
-    /// i8 GEMV 5–30% slower.
+    /// 4 rows, not 8: one core then streams them closer to f32's rate, in bytes. Measured on a Zen 4 EPYC, one thread,
+    /// weights from DRAM, M 1, best of 200 calls of the decode tile's loop (docs/bf16_decode_tile_2core/gemv_rows.cpp):
+    /// bf16 4096² with 8 rows 1.45–1.47 ms, with 4 rows 1.26–1.28 ms (23 → 26 GB/s; f32 30 GB/s; kernels::linear
+    /// after the change 1.27–1.29 ms); 5 and 6 rows as slow as 8, 2 and 3 rows almost as fast as 4; an earlier run
+    /// (not kept) gave the same order at [6400, 1536], [1536, 3072], [4096, 1024] and [2048, 2048]. 8-bit weights stay
+    /// at 8 rows: 4 made bench_linear's i8 GEMV 5–41% slower.
     template <class TW>
     static constexpr int C_few_rows = many_registers ? (sizeof(TW) == 2 ? 4 : 8) : 4;
 };

@@ -241,7 +241,8 @@ struct linear_tiles {
     /// bf16 4096² with 8 rows 1.45–1.47 ms, with 4 rows 1.26–1.28 ms (23 → 26 GB/s; f32 30 GB/s; kernels::linear
     /// after the change 1.27–1.29 ms); 5 and 6 rows as slow as 8, 2 and 3 rows almost as fast as 4; an earlier run
     /// (not kept) gave the same order at [6400, 1536], [1536, 3072], [4096, 1024] and [2048, 2048]. 8-bit weights stay
-    /// at 8 rows: 4 made bench_linear's i8 GEMV 5–41% slower.
+    /// at 8 rows: 4 made bench_linear's i8 GEMV 5–41% slower. On a 16-core Xeon the width made no difference beyond
+    /// the spread (1 and 16 threads).
     template <class TW>
     static constexpr int C_few_rows = many_registers ? (sizeof(TW) == 2 ? 4 : 8) : 4;
 };

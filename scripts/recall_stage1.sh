@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Whether the recall training's first stage (examples/recall.cpp: MQAR with 16 pairs in 64 bytes) leaves its loss
-# plateau, over seeds and learning rates, from one command. Each (stack, learning rate, seed) runs exactly the stage 1 of
-# scripts/recall_seeds.sh's 1024-byte runs (same options, seeds and data streams; one thread), limited by steps instead
-# of minutes so that runs are comparable whatever the machine's load, and stops when stage 1 ends. The plateau is the
+# plateau, over seeds and learning rates, from one command. Each (stack, learning rate, seed) runs the first STEPS steps
+# of stage 1 of scripts/recall_seeds.sh's 1024-byte runs (the same options except lr, and the same data stream per
+# seed: identical logged losses where the runs overlap; one thread), limited by steps instead of minutes so that runs
+# are comparable whatever the machine's load, and stops when stage 1 ends. The plateau is the
 # answer loss of a uniform guess among the 64 values, ln 64 = 4.159 nats; a run has left it at the first logged step
 # (every 25) whose loss is below 4.0.
 # Usage: scripts/recall_stage1.sh [TEXT] (default ../shared/data/kjv.txt); environment: SEEDS (1,2,3,4,5,6), LRS
-#   (3e-3,1e-3), STACKS (oryx-gdn,oryx-mamba2), STEPS (stage 1's steps: 3179, seed 3's stage 1 in
-#   docs/recall_train1024/), PARALLEL (1), EXAMPLE (build/release/examples/example_recall), RUNS (build/recall_stage1),
-#   DOCS (docs/recall_stage1). Writes DOCS/stage1.csv (stack, lr, seed, steps, the step it left the plateau or empty,
+#   (3e-3,1e-3), STACKS (oryx-gdn,oryx-mamba2), STEPS (stage 1's steps: 3179, Oryx-GDN seed 3's stage 1 in the runs
+#   behind docs/recall_train1024/, the shortest), PARALLEL (1), EXAMPLE (build/release/examples/example_recall),
+#   RUNS (build/recall_stage1), DOCS (docs/recall_stage1). Writes DOCS/stage1.csv (stack, lr, seed, steps, the step it left the plateau or empty,
 #   the last logged loss, seconds) and DOCS/stage1.md; a run finished before (RUNS/<stack>_lr<lr>_seed<seed>/stage1.done)
 #   is reused. Progress on stderr.
 set -euo pipefail

@@ -9,9 +9,9 @@
 # Usage: scripts/recall_stage1.sh [TEXT] (default ../shared/data/kjv.txt); environment: SEEDS (1,2,3,4,5,6), LRS
 #   (3e-3,1e-3), STACKS (oryx-gdn,oryx-mamba2), STEPS (stage 1's steps: 3179, Oryx-GDN seed 3's stage 1 in the runs
 #   behind docs/recall_train1024/, the shortest), PARALLEL (1), EXAMPLE (build/release/examples/example_recall),
-#   RUNS (build/recall_stage1), DOCS (docs/recall_stage1). Writes DOCS/stage1.csv (stack, lr, seed, steps, the step it left the plateau or empty,
-#   the last logged loss, seconds) and DOCS/stage1.md; a run finished before (RUNS/<stack>_lr<lr>_seed<seed>/stage1.done)
-#   is reused. Progress on stderr.
+#   RUNS (build/recall_stage1), DOCS (docs/recall_stage1). Writes DOCS/stage1.csv (stack, lr, seed, steps, the step
+#   it left the plateau or empty, the last logged loss, seconds) and DOCS/stage1.md; a run finished before
+#   (RUNS/<stack>_lr<lr>_seed<seed>/stage1.done) is reused. Progress on stderr.
 set -euo pipefail
 here=$PWD
 cd "$(dirname "$0")/.."

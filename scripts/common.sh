@@ -1,6 +1,6 @@
-# Shared helpers for scripts/run.sh and scripts/test.sh (sourced, not run). Builds go through the presets
-# of CMakePresets.json (build/<preset>); set BUILD_ROOT to put every build directory under another folder
-# instead (BUILD_ROOT/<preset>), e.g. to test the scripts without touching build/.
+# Shared helpers for scripts/run.sh, scripts/test.sh and the experiment scripts (sourced, not run). Builds go
+# through the presets of CMakePresets.json (build/<preset>); set BUILD_ROOT to put every build directory under
+# another folder instead (BUILD_ROOT/<preset>), e.g. to test the scripts without touching build/.
 # shellcheck shell=bash
 
 HYMIX_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -90,3 +90,17 @@ run_bench_csv() {
     fi
 }
 
+
+# The inputs of the recall scripts (recall_bench.sh, recall_seeds.sh, recall_stage1.sh), called from the repository
+# root: sets `text` to TEXT (relative to CALLER_DIR, the caller's working directory, where such a file exists; default
+# ../shared/data/kjv.txt from the root) and `exe` to $EXAMPLE (default build/release/examples/example_recall), and
+# exits 2, naming the script, when either is missing.
+recall_inputs() {  # recall_inputs NAME CALLER_DIR [TEXT]
+    local name=$1 caller=$2
+    shift 2
+    text=${1:-../shared/data/kjv.txt}
+    case $text in /*) ;; *) [ -f "$caller/$text" ] && [ $# -ge 1 ] && text=$caller/$text ;; esac
+    exe=${EXAMPLE:-build/release/examples/example_recall}
+    [ -x "$exe" ] || { echo "$name: build the example first (cmake --build --preset release --target example_recall)" >&2; exit 2; }
+    [ -f "$text" ] || { echo "$name: no text file '$text'" >&2; exit 2; }
+}

@@ -17,13 +17,11 @@
 set -euo pipefail
 here=$PWD
 cd "$(dirname "$0")/.."
-text=${1:-../shared/data/kjv.txt}
-case $text in /*) ;; *) [ -f "$here/$text" ] && [ $# -ge 1 ] && text=$here/$text ;; esac  # TEXT relative to the caller
-exe=${EXAMPLE:-build/release/examples/example_recall}
+# shellcheck source=scripts/common.sh
+source scripts/common.sh
+recall_inputs recall_bench "$here" "$@"
 minutes=${MINUTES:-14} stacks=${STACKS:-oryx-gdn,oryx-mamba2,gdn,attention} parallel=${PARALLEL:-4} threads=${THREADS:-1}
 runs=${RUNS:-build/recall_runs} docs=${DOCS:-docs}
-[ -x "$exe" ] || { echo "recall_bench: build the example first (cmake --build --preset release --target example_recall)" >&2; exit 2; }
-[ -f "$text" ] || { echo "recall_bench: no text file '$text'" >&2; exit 2; }
 mkdir -p "$runs" "$docs"
 # shellcheck disable=SC2206
 extra=(${EXTRA-eval_n=128})

@@ -15,13 +15,11 @@
 set -euo pipefail
 here=$PWD
 cd "$(dirname "$0")/.."
-text=${1:-../shared/data/kjv.txt}
-case $text in /*) ;; *) [ -f "$here/$text" ] && [ $# -ge 1 ] && text=$here/$text ;; esac
-exe=${EXAMPLE:-build/release/examples/example_recall}
+# shellcheck source=scripts/common.sh
+source scripts/common.sh
+recall_inputs recall_seeds "$here" "$@"
 seeds=${SEEDS:-1,2,3} minutes=${MINUTES:-6} stacks=${STACKS:-oryx-gdn,oryx-mamba2,gdn,attention}
 parallel=${PARALLEL:-$(nproc)} runs=${RUNS:-build/recall_seeds} docs=${DOCS:-docs}
-[ -x "$exe" ] || { echo "recall_seeds: build the example first (cmake --build --preset release --target example_recall)" >&2; exit 2; }
-[ -f "$text" ] || { echo "recall_seeds: no text file '$text'" >&2; exit 2; }
 # shellcheck disable=SC2206
 extra=(${EXTRA-eval_n=128})
 for kv in "${extra[@]}"; do

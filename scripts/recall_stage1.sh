@@ -15,13 +15,11 @@
 set -euo pipefail
 here=$PWD
 cd "$(dirname "$0")/.."
-text=${1:-../shared/data/kjv.txt}
-case $text in /*) ;; *) [ -f "$here/$text" ] && [ $# -ge 1 ] && text=$here/$text ;; esac
-exe=${EXAMPLE:-build/release/examples/example_recall}
+# shellcheck source=scripts/common.sh
+source scripts/common.sh
+recall_inputs recall_stage1 "$here" "$@"
 seeds=${SEEDS:-1,2,3,4,5,6} lrs=${LRS:-3e-3,1e-3} stacks=${STACKS:-oryx-gdn,oryx-mamba2} steps=${STEPS:-3179}
 parallel=${PARALLEL:-1} runs=${RUNS:-build/recall_stage1} docs=${DOCS:-docs/recall_stage1}
-[ -x "$exe" ] || { echo "recall_stage1: build the example first (cmake --build --preset release --target example_recall)" >&2; exit 2; }
-[ -f "$text" ] || { echo "recall_stage1: no text file '$text'" >&2; exit 2; }
 mkdir -p "$runs" "$docs"
 one() {  # one STACK LR SEED: stage 1 only (warm_fraction 0.5 of 2·STEPS steps, no time limit), then stops the run
     local d="$runs/$1_lr$2_seed$3" t0 pid
